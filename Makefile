@@ -1,0 +1,44 @@
+# crisp: build, run and test. Builds need cgo (libcontainer's nsenter) and the
+# seccomp tag with Debian's libseccomp-dev.
+GO        ?= go
+PREFIX    ?= /usr/local
+BINDIR    ?= bin
+TAGS      ?= seccomp
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -s -w -X github.com/crisp-runtime/crisp/version.Version=$(VERSION)
+GOBUILD   := CGO_ENABLED=1 $(GO) build -trimpath -tags '$(TAGS)' -ldflags '$(LDFLAGS)'
+DEPS      := busybox-static containernetworking-plugins libseccomp-dev iproute2 iptables gcc
+
+.PHONY: all build install run test unit e2e deps lint clean
+
+all: build
+
+build:
+	$(GOBUILD) -o $(BINDIR)/criserver ./cmd/criserver
+	$(GOBUILD) -o $(BINDIR)/shim-runc ./cmd/shim-runc
+
+install: build
+	install -D -m 0755 $(BINDIR)/criserver $(DESTDIR)$(PREFIX)/bin/criserver
+	install -D -m 0755 $(BINDIR)/shim-runc $(DESTDIR)$(PREFIX)/bin/shim-runc
+
+# deps installs the Debian packages crisp needs at run time and for its tests.
+deps:
+	@if ! dpkg -s $(DEPS) >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEPS); \
+	fi
+
+# run starts criserver with its defaults (socket /run/crisp/crisp.sock).
+run: deps build
+	PATH="$(CURDIR)/$(BINDIR):$$PATH" $(BINDIR)/criserver
+
+# test runs the unit tests and the end-to-end tests (the latter need root).
+test: deps
+	CGO_ENABLED=1 $(GO) vet -tags '$(TAGS)' ./...
+	CGO_ENABLED=1 $(GO) test -tags '$(TAGS)' -count=1 -timeout 20m ./...
+
+lint:
+	gofmt -l . | (! grep .)
+	CGO_ENABLED=1 $(GO) vet -tags '$(TAGS)' ./...
+
+clean:
+	rm -rf $(BINDIR)

@@ -1,0 +1,60 @@
+// Command criserver is crisp's CRI server: kubelet and crictl talk to it over a unix
+// socket, and it runs every pod in its own shim process.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/crisp-runtime/crisp/config"
+	"github.com/crisp-runtime/crisp/daemon"
+	"github.com/crisp-runtime/crisp/version"
+)
+
+func main() {
+	fs := flag.NewFlagSet("criserver", flag.ContinueOnError)
+	cfgPath := fs.String("config", "", "TOML config file (defaults apply to keys it leaves out)")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: criserver [--config FILE] [--version]\n       criserver config default\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		os.Exit(2)
+	}
+	if *showVersion {
+		fmt.Printf("%s criserver %s\n", version.Name, version.Version)
+		return
+	}
+	if args := fs.Args(); len(args) > 0 {
+		if len(args) == 2 && args[0] == "config" && args[1] == "default" {
+			out, err := config.Default().Marshal()
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(1)
+			}
+			os.Stdout.Write(out)
+			return
+		}
+		fs.Usage()
+		os.Exit(2)
+	}
+	cfg := config.Default()
+	if *cfgPath != "" {
+		var err error
+		if cfg, err = config.Load(*cfgPath); err != nil {
+			fmt.Fprintln(os.Stderr, "criserver:", err)
+			os.Exit(1)
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := daemon.Run(ctx, cfg, daemon.NewLogger(cfg.LogLevel)); err != nil {
+		fmt.Fprintln(os.Stderr, "criserver:", err)
+		os.Exit(1)
+	}
+}

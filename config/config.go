@@ -1,0 +1,178 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/pelletier/go-toml/v2"
+)
+
+// Cgroup drivers criserver understands; kubelet's cgroupDriver must match.
+const (
+	CgroupDriverCgroupfs = "cgroupfs"
+	CgroupDriverSystemd  = "systemd"
+)
+
+// Config is everything criserver can be told; Default() gives working values.
+type Config struct {
+	// Socket is the CRI gRPC unix socket kubelet and crictl dial.
+	Socket string `toml:"socket" comment:"CRI gRPC unix socket (mode 0660)"`
+	// RootDir holds persistent state: the metadata database and pod files.
+	RootDir string `toml:"root_dir" comment:"persistent state: metadata database, pod files"`
+	// StateDir holds runtime state that does not survive a reboot: netns pins, shim sockets, bundles.
+	StateDir string `toml:"state_dir" comment:"volatile state: network namespaces, shim sockets, bundles"`
+	// LogLevel is one of debug, info, warn, error.
+	LogLevel string `toml:"log_level" comment:"debug, info, warn or error"`
+	// CgroupDriver is cgroupfs or systemd; reported to kubelet by RuntimeConfig.
+	CgroupDriver string `toml:"cgroup_driver" comment:"cgroupfs or systemd (must match kubelet's cgroupDriver)"`
+	// DefaultRuntimeHandler is used when a pod asks for the empty handler.
+	DefaultRuntimeHandler string `toml:"default_runtime_handler" comment:"handler used when a pod names none"`
+	// ShimStartTimeout bounds how long a shim may take to start and answer, in seconds.
+	ShimStartTimeoutSeconds int `toml:"shim_start_timeout_seconds" comment:"how long a shim may take to start and answer"`
+	// CNI configures pod networking.
+	CNI CNIConfig `toml:"cni"`
+	// Runtimes maps a runtime handler (RuntimeClass) name to the shim that runs its pods.
+	Runtimes map[string]Runtime `toml:"runtimes"`
+}
+
+// CNIConfig configures libcni and the default network written on a fresh node.
+type CNIConfig struct {
+	ConfDir string   `toml:"conf_dir" comment:"CNI network configs; the lexically first one is used"`
+	BinDirs []string `toml:"bin_dirs" comment:"directories searched for CNI plugin binaries"`
+	// DefaultBridge and DefaultSubnet shape the config written when ConfDir has none.
+	DefaultBridge string `toml:"default_bridge" comment:"bridge of the config written when conf_dir has none"`
+	DefaultSubnet string `toml:"default_subnet" comment:"pod subnet of the config written when conf_dir has none"`
+}
+
+// Runtime is one runtime handler: the shim binary that runs its pods.
+type Runtime struct {
+	// Shim is the shim binary: an absolute path, or a name looked up next to criserver and on PATH.
+	Shim string `toml:"shim" comment:"shim binary: absolute path, or a name found next to criserver or on PATH"`
+	// Namespace is passed to the shim as -namespace.
+	Namespace string `toml:"namespace,omitempty"`
+}
+
+// Default returns the settings criserver runs with when no file is given.
+func Default() Config {
+	return Config{
+		Socket:                  "/run/crisp/crisp.sock",
+		RootDir:                 "/var/lib/crisp",
+		StateDir:                "/run/crisp",
+		LogLevel:                "info",
+		CgroupDriver:            CgroupDriverCgroupfs,
+		DefaultRuntimeHandler:   "runc",
+		ShimStartTimeoutSeconds: 30,
+		CNI: CNIConfig{
+			ConfDir:       "/etc/cni/net.d",
+			BinDirs:       []string{"/usr/lib/cni", "/opt/cni/bin"},
+			DefaultBridge: "crisp0",
+			DefaultSubnet: "10.88.0.0/16",
+		},
+		Runtimes: map[string]Runtime{
+			"runc": {Shim: "shim-runc", Namespace: "k8s.io"},
+		},
+	}
+}
+
+// Load reads a TOML file over the defaults: keys the file leaves out keep their default.
+func Load(path string) (Config, error) {
+	cfg := Default()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("read config %s: %w", path, err)
+	}
+	// A file that names its own runtimes replaces the default table rather than merging
+	// into it, so an operator can remove the default handler.
+	var probe struct {
+		Runtimes map[string]any `toml:"runtimes"`
+	}
+	if err := toml.Unmarshal(data, &probe); err != nil {
+		return Config{}, fmt.Errorf("parse config %s: %w", path, err)
+	}
+	if probe.Runtimes != nil {
+		cfg.Runtimes = nil
+	}
+	dec := toml.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&cfg); err != nil {
+		var strict *toml.StrictMissingError
+		if errors.As(err, &strict) {
+			return Config{}, fmt.Errorf("parse config %s: unknown key: %s", path, strict.String())
+		}
+		return Config{}, fmt.Errorf("parse config %s: %w", path, err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, fmt.Errorf("config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// Validate reports the first setting that cannot work, naming the key.
+func (c Config) Validate() error {
+	for key, p := range map[string]string{"socket": c.Socket, "root_dir": c.RootDir, "state_dir": c.StateDir, "cni.conf_dir": c.CNI.ConfDir} {
+		if !filepath.IsAbs(p) {
+			return fmt.Errorf("%s must be an absolute path, got %q", key, p)
+		}
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		return fmt.Errorf("log_level must be debug, info, warn or error, got %q", c.LogLevel)
+	}
+	switch c.CgroupDriver {
+	case CgroupDriverCgroupfs, CgroupDriverSystemd:
+	default:
+		return fmt.Errorf("cgroup_driver must be %q or %q, got %q", CgroupDriverCgroupfs, CgroupDriverSystemd, c.CgroupDriver)
+	}
+	if c.ShimStartTimeoutSeconds <= 0 {
+		return fmt.Errorf("shim_start_timeout_seconds must be positive, got %d", c.ShimStartTimeoutSeconds)
+	}
+	if len(c.Runtimes) == 0 {
+		return errors.New("no runtime handler configured: add a [runtimes.NAME] table")
+	}
+	if _, ok := c.Runtimes[c.DefaultRuntimeHandler]; !ok {
+		return fmt.Errorf("default_runtime_handler %q is not a configured runtime (have %s)", c.DefaultRuntimeHandler, strings.Join(c.HandlerNames(), ", "))
+	}
+	for name, r := range c.Runtimes {
+		if r.Shim == "" {
+			return fmt.Errorf("runtimes.%s.shim is empty", name)
+		}
+	}
+	if len(c.CNI.BinDirs) == 0 {
+		return errors.New("cni.bin_dirs is empty")
+	}
+	if _, _, err := net.ParseCIDR(c.CNI.DefaultSubnet); err != nil {
+		return fmt.Errorf("cni.default_subnet: %w", err)
+	}
+	if n := len(c.CNI.DefaultBridge); n == 0 || n > 15 {
+		return fmt.Errorf("cni.default_bridge must be 1 to 15 characters, got %q", c.CNI.DefaultBridge)
+	}
+	return nil
+}
+
+// HandlerNames lists the configured runtime handlers in order.
+func (c Config) HandlerNames() []string {
+	names := make([]string, 0, len(c.Runtimes))
+	for n := range c.Runtimes {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Marshal renders the config as TOML, with a comment per key.
+func (c Config) Marshal() ([]byte, error) {
+	var buf bytes.Buffer
+	enc := toml.NewEncoder(&buf)
+	enc.SetIndentTables(true)
+	if err := enc.Encode(c); err != nil {
+		return nil, fmt.Errorf("encode config: %w", err)
+	}
+	return buf.Bytes(), nil
+}

@@ -1,0 +1,80 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestDefaultRoundTrip(t *testing.T) {
+	def := Default()
+	if err := def.Validate(); err != nil {
+		t.Fatalf("defaults do not validate: %v", err)
+	}
+	data, err := def.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "c.toml")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Load(path)
+	if err != nil {
+		t.Fatalf("load printed defaults: %v\n%s", err, data)
+	}
+	if got.Socket != def.Socket || got.RootDir != def.RootDir || got.Runtimes["runc"] != def.Runtimes["runc"] || got.CNI.DefaultSubnet != def.CNI.DefaultSubnet {
+		t.Fatalf("round trip changed config: %+v", got)
+	}
+}
+
+func TestLoad(t *testing.T) {
+	cases := []struct {
+		name    string
+		file    string
+		wantErr string
+		check   func(t *testing.T, c Config)
+	}{
+		{name: "empty file keeps defaults", file: "", check: func(t *testing.T, c Config) {
+			if c.Socket != "/run/crisp/crisp.sock" {
+				t.Errorf("socket = %q", c.Socket)
+			}
+		}},
+		{name: "override", file: "socket = \"/tmp/x.sock\"\n[cni]\nconf_dir = \"/tmp/net\"\n", check: func(t *testing.T, c Config) {
+			if c.Socket != "/tmp/x.sock" || c.CNI.ConfDir != "/tmp/net" || len(c.CNI.BinDirs) != 2 {
+				t.Errorf("got %+v", c)
+			}
+		}},
+		{name: "runtimes replace defaults", file: "default_runtime_handler = \"kata\"\n[runtimes.kata]\nshim = \"/usr/bin/shim-kata\"\n", check: func(t *testing.T, c Config) {
+			if _, ok := c.Runtimes["runc"]; ok || c.Runtimes["kata"].Shim != "/usr/bin/shim-kata" {
+				t.Errorf("runtimes = %+v", c.Runtimes)
+			}
+		}},
+		{name: "unknown key", file: "sockett = \"/x\"\n", wantErr: "unknown key"},
+		{name: "relative path", file: "root_dir = \"var/lib\"\n", wantErr: "root_dir must be an absolute path"},
+		{name: "bad driver", file: "cgroup_driver = \"cgroupv3\"\n", wantErr: "cgroup_driver"},
+		{name: "default handler missing", file: "default_runtime_handler = \"nope\"\n", wantErr: "default_runtime_handler \"nope\""},
+		{name: "bad subnet", file: "[cni]\ndefault_subnet = \"10.1.2\"\n", wantErr: "cni.default_subnet"},
+		{name: "syntax", file: "socket = \n", wantErr: "parse config"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "c.toml")
+			if err := os.WriteFile(path, []byte(tc.file), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			c, err := Load(path)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want it to contain %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.check(t, c)
+		})
+	}
+}

@@ -1,0 +1,616 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	sandboxapi "github.com/containerd/containerd/api/runtime/sandbox/v1"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/ttrpc"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	options "github.com/crisp-runtime/crisp/api/options/v1"
+	"github.com/crisp-runtime/crisp/config"
+	"github.com/crisp-runtime/crisp/netns"
+	"github.com/crisp-runtime/crisp/network"
+	"github.com/crisp-runtime/crisp/store"
+)
+
+const bucket = "sandboxes"
+
+// Phases of a sandbox record. A record is written as "creating" before anything
+// exists so that a crash half-way through Create can be undone on the next start.
+const (
+	phaseCreating = "creating"
+	phaseReady    = "ready"
+	phaseStopped  = "stopped"
+)
+
+// State is a sandbox's readiness as the CRI sees it.
+type State int
+
+// Sandbox states.
+const (
+	StateNotReady State = iota
+	StateReady
+)
+
+// Options configures a Controller.
+type Options struct {
+	StateDir         string
+	Runtimes         map[string]config.Runtime
+	ShimStartTimeout time.Duration
+	SystemdCgroup    bool
+	// Address is criserver's own address, handed to shims as -address.
+	Address string
+}
+
+// Spec is what the controller needs to run a pod.
+type Spec struct {
+	ID           string
+	Handler      string
+	Name         string
+	Namespace    string
+	UID          string
+	HostNetwork  bool
+	Sandbox      *options.SandboxOptions
+	PortMappings []network.PortMapping
+	Annotations  map[string]string
+	CgroupParent string
+}
+
+// Status is a sandbox as the controller knows it.
+type Status struct {
+	ID            string
+	State         State
+	IP            string
+	AdditionalIPs []string
+	Pid           uint32
+	ShimPid       int
+	Address       string
+	NetNS         string
+	CreatedAt     time.Time
+	ExitedAt      time.Time
+	ShimAlive     bool
+}
+
+// record is the persisted part of a sandbox.
+type record struct {
+	ID            string        `json:"id"`
+	Phase         string        `json:"phase"`
+	Handler       string        `json:"handler"`
+	Shim          string        `json:"shim"`
+	Namespace     string        `json:"namespace"`
+	Bundle        string        `json:"bundle"`
+	Address       string        `json:"address,omitempty"`
+	NetNS         string        `json:"netns,omitempty"`
+	HostNetwork   bool          `json:"host_network"`
+	Pod           network.Pod   `json:"pod"`
+	IP            string        `json:"ip,omitempty"`
+	AdditionalIPs []string      `json:"additional_ips,omitempty"`
+	Pid           uint32        `json:"pid,omitempty"`
+	CreatedAt     time.Time     `json:"created_at"`
+	ExitedAt      time.Time     `json:"exited_at,omitzero"`
+	NetworkDone   bool          `json:"network_done"`
+	StopTimeout   time.Duration `json:"-"`
+}
+
+// sandbox is a live sandbox: its record plus the connection to its shim.
+type sandbox struct {
+	// op serialises lifecycle operations (stop, remove) on one sandbox.
+	op sync.Mutex
+
+	mu       sync.Mutex
+	rec      record
+	client   *ttrpc.Client
+	svc      sandboxapi.TTRPCSandboxService
+	shimDead bool
+	exited   bool
+	shimPid  int
+	cancel   context.CancelFunc
+}
+
+// Controller runs pods in shims. It is safe for concurrent use.
+type Controller struct {
+	opts  Options
+	store *store.Store
+	net   *network.Manager
+	log   *slog.Logger
+
+	mu        sync.Mutex
+	sandboxes map[string]*sandbox
+}
+
+// New returns a controller; call Recover before serving to find running shims again.
+func New(opts Options, st *store.Store, net *network.Manager, log *slog.Logger) (*Controller, error) {
+	for _, dir := range []string{opts.bundleRoot(), opts.socketDir()} {
+		if err := os.MkdirAll(dir, 0o711); err != nil {
+			return nil, fmt.Errorf("create %s: %w", dir, err)
+		}
+	}
+	return &Controller{opts: opts, store: st, net: net, log: log, sandboxes: map[string]*sandbox{}}, nil
+}
+
+func (o Options) bundleRoot() string { return filepath.Join(o.StateDir, "sandboxes") }
+func (o Options) socketDir() string  { return filepath.Join(o.StateDir, "s") }
+func (o Options) netnsDir() string   { return filepath.Join(o.StateDir, "netns") }
+
+// HasHandler reports whether a runtime handler is configured.
+func (c *Controller) HasHandler(name string) bool {
+	_, ok := c.opts.Runtimes[name]
+	return ok
+}
+
+func (c *Controller) call(rec *record) shimCall {
+	return shimCall{
+		binary:    rec.Shim,
+		namespace: rec.Namespace,
+		address:   c.opts.Address,
+		id:        rec.ID,
+		bundle:    rec.Bundle,
+		socketDir: c.opts.socketDir(),
+	}
+}
+
+// Create runs a pod: network namespace, CNI, shim, sandbox. On any failure everything
+// it made is undone before it returns.
+func (c *Controller) Create(ctx context.Context, spec Spec) (_ *Status, retErr error) {
+	rt, ok := c.opts.Runtimes[spec.Handler]
+	if !ok {
+		return nil, fmt.Errorf("runtime handler %q is not configured: %w", spec.Handler, errdefs.ErrInvalidArgument)
+	}
+	shimBin, err := resolveShim(rt.Shim)
+	if err != nil {
+		return nil, fmt.Errorf("runtime handler %q: %w", spec.Handler, errdefs.ErrFailedPrecondition.WithMessage(err.Error()))
+	}
+	ns := rt.Namespace
+	if ns == "" {
+		ns = "k8s.io"
+	}
+	sb := &sandbox{rec: record{
+		ID:          spec.ID,
+		Phase:       phaseCreating,
+		Handler:     spec.Handler,
+		Shim:        shimBin,
+		Namespace:   ns,
+		Bundle:      filepath.Join(c.opts.bundleRoot(), spec.ID),
+		HostNetwork: spec.HostNetwork,
+		Pod: network.Pod{
+			ID: spec.ID, Name: spec.Name, Namespace: spec.Namespace, UID: spec.UID,
+			PortMappings: spec.PortMappings, Annotations: spec.Annotations, CgroupPath: spec.CgroupParent,
+		},
+		CreatedAt: time.Now(),
+	}}
+	c.mu.Lock()
+	if _, dup := c.sandboxes[spec.ID]; dup {
+		c.mu.Unlock()
+		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, errdefs.ErrAlreadyExists)
+	}
+	c.sandboxes[spec.ID] = sb
+	c.mu.Unlock()
+	sb.op.Lock()
+	defer sb.op.Unlock()
+
+	// 1. Record the intent first: a crash from here on is undone by Recover.
+	if err := c.store.Put(bucket, spec.ID, sb.rec); err != nil {
+		c.forget(spec.ID)
+		return nil, err
+	}
+	defer func() {
+		if retErr == nil {
+			return
+		}
+		// Undo with a fresh context: the caller's may be what failed.
+		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := c.teardown(cctx, sb, 0, true); err != nil {
+			c.log.Error("undo failed pod creation", "pod", spec.ID, "err", err)
+			return
+		}
+		c.forget(spec.ID)
+	}()
+
+	// 2. The bundle directory the shim runs in.
+	if err := os.MkdirAll(sb.rec.Bundle, 0o711); err != nil {
+		return nil, fmt.Errorf("create bundle for pod %s: %w", spec.ID, err)
+	}
+
+	// 3. The network namespace, pinned so it outlives any process.
+	if !spec.HostNetwork {
+		path, err := netns.New(c.opts.netnsDir(), spec.ID)
+		if err != nil {
+			return nil, fmt.Errorf("create network namespace for pod %s: %w", spec.ID, err)
+		}
+		sb.rec.NetNS = path
+		sb.rec.Pod.NetNS = path
+		if err := c.store.Put(bucket, spec.ID, sb.rec); err != nil {
+			return nil, err
+		}
+	}
+
+	// 4. CNI runs while the shim starts: neither needs the other until the pod is
+	// reported, and together they are most of RunPodSandbox's time.
+	netDone := make(chan error, 1)
+	var netRes *network.Result
+	if spec.HostNetwork {
+		netDone <- nil
+	} else {
+		go func() {
+			res, err := c.net.Setup(ctx, sb.rec.Pod)
+			netRes = res
+			netDone <- err
+		}()
+	}
+	shimErr := c.startShim(ctx, sb, spec)
+	netErr := <-netDone
+	if netRes != nil || netErr == nil {
+		sb.rec.NetworkDone = true
+	}
+	if err := errors.Join(shimErr, netErr); err != nil {
+		return nil, err
+	}
+	if netRes != nil {
+		if netRes.IP != nil {
+			sb.rec.IP = netRes.IP.String()
+		}
+		for _, ip := range netRes.AdditionalIPs {
+			sb.rec.AdditionalIPs = append(sb.rec.AdditionalIPs, ip.String())
+		}
+	}
+
+	// 5. Ready: persist, and watch the pause process from now on.
+	sb.mu.Lock()
+	sb.rec.Phase = phaseReady
+	rec := sb.rec
+	sb.mu.Unlock()
+	if err := c.store.Put(bucket, spec.ID, rec); err != nil {
+		return nil, err
+	}
+	c.watch(sb)
+	return sb.status(), nil
+}
+
+// startShim starts the pod's shim and has it create and start the sandbox.
+func (c *Controller) startShim(ctx context.Context, sb *sandbox, spec Spec) error {
+	sctx, cancel := context.WithTimeout(ctx, c.opts.ShimStartTimeout)
+	defer cancel()
+	call := c.call(&sb.rec)
+	addr, err := call.start(sctx)
+	if err != nil {
+		return fmt.Errorf("start shim for pod %s: %w", spec.ID, err)
+	}
+	sb.rec.Address = addr
+	if err := c.connect(sctx, sb); err != nil {
+		return fmt.Errorf("connect to shim of pod %s: %w", spec.ID, err)
+	}
+	opts := spec.Sandbox
+	if opts == nil {
+		opts = &options.SandboxOptions{}
+	}
+	opts.CgroupParent = spec.CgroupParent
+	opts.SystemdCgroup = c.opts.SystemdCgroup
+	if spec.HostNetwork {
+		opts.Network = options.NamespaceMode_NODE
+	}
+	anyOpts, err := anypb.New(opts)
+	if err != nil {
+		return fmt.Errorf("encode sandbox options: %w", err)
+	}
+	if _, err := sb.svc.CreateSandbox(sctx, &sandboxapi.CreateSandboxRequest{
+		SandboxID:   spec.ID,
+		BundlePath:  sb.rec.Bundle,
+		Options:     anyOpts,
+		NetnsPath:   sb.rec.NetNS,
+		Annotations: spec.Annotations,
+	}); err != nil {
+		return fmt.Errorf("create sandbox %s in shim: %w", spec.ID, fromShim(err))
+	}
+	resp, err := sb.svc.StartSandbox(sctx, &sandboxapi.StartSandboxRequest{SandboxID: spec.ID})
+	if err != nil {
+		return fmt.Errorf("start sandbox %s in shim: %w", spec.ID, fromShim(err))
+	}
+	sb.rec.Pid = resp.GetPid()
+	if t := resp.GetCreatedAt(); t != nil {
+		sb.rec.CreatedAt = t.AsTime()
+	}
+	return nil
+}
+
+// connect dials the shim of sb and records its pid.
+func (c *Controller) connect(ctx context.Context, sb *sandbox) error {
+	client, err := dialShim(ctx, sb.rec.Address, func() {
+		sb.mu.Lock()
+		if sb.client != nil {
+			sb.shimDead = true
+		}
+		sb.mu.Unlock()
+	})
+	if err != nil {
+		return err
+	}
+	sb.mu.Lock()
+	sb.client = client
+	sb.svc = sandboxapi.NewTTRPCSandboxClient(client)
+	sb.shimDead = false
+	sb.shimPid = readShimPid(sb.rec.Bundle)
+	sb.mu.Unlock()
+	return nil
+}
+
+// watch waits in the background for the pause process to exit, so that status and
+// lists never have to ask the shim.
+func (c *Controller) watch(sb *sandbox) {
+	ctx, cancel := context.WithCancel(context.Background())
+	sb.mu.Lock()
+	sb.cancel = cancel
+	svc := sb.svc
+	id := sb.rec.ID
+	sb.mu.Unlock()
+	if svc == nil {
+		cancel()
+		return
+	}
+	go func() {
+		resp, err := svc.WaitSandbox(ctx, &sandboxapi.WaitSandboxRequest{SandboxID: id})
+		sb.mu.Lock()
+		defer sb.mu.Unlock()
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			sb.shimDead = true
+			c.log.Warn("lost connection to pod shim", "pod", id, "err", err)
+			return
+		}
+		sb.exited = true
+		if t := resp.GetExitedAt(); t != nil {
+			sb.rec.ExitedAt = t.AsTime()
+		}
+		c.log.Info("pod sandbox exited", "pod", id, "exit_status", resp.GetExitStatus())
+	}()
+}
+
+// Stop stops the pod's sandbox and frees its network. It succeeds for an unknown or
+// already stopped pod.
+func (c *Controller) Stop(ctx context.Context, id string, timeout time.Duration) error {
+	sb := c.get(id)
+	if sb == nil {
+		return nil
+	}
+	sb.op.Lock()
+	defer sb.op.Unlock()
+	return c.stop(ctx, sb, timeout)
+}
+
+func (c *Controller) stop(ctx context.Context, sb *sandbox, timeout time.Duration) error {
+	sb.mu.Lock()
+	phase, svc, dead := sb.rec.Phase, sb.svc, sb.shimDead
+	sb.mu.Unlock()
+	if phase == phaseStopped {
+		return nil
+	}
+	// 1. The pause process (and with it the pod's namespaces' last holder).
+	if svc != nil && !dead {
+		_, err := svc.StopSandbox(ctx, &sandboxapi.StopSandboxRequest{SandboxID: sb.rec.ID, TimeoutSecs: uint32(timeout / time.Second)})
+		if err != nil && !errdefs.IsNotFound(fromShim(err)) {
+			if !c.isShimGone(sb) {
+				return fmt.Errorf("stop sandbox %s: %w", sb.rec.ID, fromShim(err))
+			}
+			dead = true
+		}
+	} else {
+		dead = true
+	}
+	if dead {
+		// The shim is gone: its delete command kills what it left behind.
+		if _, err := c.call(&sb.rec).delete(ctx); err != nil {
+			return fmt.Errorf("clean up after dead shim of pod %s: %w", sb.rec.ID, err)
+		}
+	}
+	// 2. The network: CNI DEL, then the namespace itself.
+	if err := c.teardownNetwork(ctx, sb); err != nil {
+		return err
+	}
+	sb.mu.Lock()
+	sb.rec.Phase = phaseStopped
+	sb.exited = true
+	if sb.rec.ExitedAt.IsZero() {
+		sb.rec.ExitedAt = time.Now()
+	}
+	rec := sb.rec
+	sb.mu.Unlock()
+	return c.store.Put(bucket, rec.ID, rec)
+}
+
+func (c *Controller) teardownNetwork(ctx context.Context, sb *sandbox) error {
+	if sb.rec.HostNetwork {
+		return nil
+	}
+	if sb.rec.NetNS != "" || sb.rec.NetworkDone {
+		if err := c.net.Teardown(ctx, sb.rec.Pod); err != nil {
+			return fmt.Errorf("tear down network of pod %s: %w", sb.rec.ID, err)
+		}
+	}
+	if sb.rec.NetNS != "" {
+		if err := netns.Remove(sb.rec.NetNS); err != nil {
+			return fmt.Errorf("remove network namespace of pod %s: %w", sb.rec.ID, err)
+		}
+	}
+	return nil
+}
+
+// isShimGone reports whether the shim process of sb has exited.
+func (c *Controller) isShimGone(sb *sandbox) bool {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.shimDead {
+		return true
+	}
+	if sb.shimPid > 0 && !processAlive(sb.shimPid) {
+		sb.shimDead = true
+	}
+	return sb.shimDead
+}
+
+// Remove stops the pod if needed, shuts its shim down and deletes every trace of it.
+// It succeeds for an unknown pod.
+func (c *Controller) Remove(ctx context.Context, id string) error {
+	sb := c.get(id)
+	if sb == nil {
+		return nil
+	}
+	sb.op.Lock()
+	defer sb.op.Unlock()
+	if err := c.teardown(ctx, sb, 0, false); err != nil {
+		return err
+	}
+	c.forget(id)
+	return nil
+}
+
+// teardown undoes everything of sb in reverse order of Create. force skips the
+// graceful stop (used when undoing a failed Create).
+func (c *Controller) teardown(ctx context.Context, sb *sandbox, timeout time.Duration, force bool) error {
+	if err := c.stop(ctx, sb, timeout); err != nil && !force {
+		return err
+	} else if err != nil {
+		c.log.Warn("stop during cleanup", "pod", sb.rec.ID, "err", err)
+		// Make sure the pause and the network are gone even so.
+		if _, derr := c.call(&sb.rec).delete(ctx); derr != nil {
+			return errors.Join(err, derr)
+		}
+		if nerr := c.teardownNetwork(ctx, sb); nerr != nil {
+			return errors.Join(err, nerr)
+		}
+	}
+	// The shim: ask it to exit, and make sure it did.
+	sb.mu.Lock()
+	client, svc, dead, pid, cancel := sb.client, sb.svc, sb.shimDead, sb.shimPid, sb.cancel
+	sb.client = nil
+	sb.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	if pid == 0 {
+		pid = readShimPid(sb.rec.Bundle)
+	}
+	if svc != nil && !dead {
+		if _, err := svc.ShutdownSandbox(ctx, &sandboxapi.ShutdownSandboxRequest{SandboxID: sb.rec.ID}); err != nil && !errors.Is(err, ttrpc.ErrClosed) {
+			c.log.Debug("shutdown sandbox", "pod", sb.rec.ID, "err", err)
+		}
+	}
+	if client != nil {
+		client.Close()
+	}
+	if pid > 0 && !waitGone(pid, 5*time.Second) {
+		c.log.Warn("shim did not exit after shutdown; killing it", "pod", sb.rec.ID, "pid", pid)
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		waitGone(pid, 2*time.Second)
+	}
+	if sb.rec.Address != "" {
+		_ = os.Remove(trimUnix(sb.rec.Address))
+	}
+	if err := os.RemoveAll(sb.rec.Bundle); err != nil {
+		return fmt.Errorf("remove bundle of pod %s: %w", sb.rec.ID, err)
+	}
+	return c.store.Delete(bucket, sb.rec.ID)
+}
+
+// Status returns what the controller knows of a sandbox; errdefs.ErrNotFound if none.
+func (c *Controller) Status(id string) (*Status, error) {
+	sb := c.get(id)
+	if sb == nil {
+		return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	return sb.status(), nil
+}
+
+// Info asks the shim for its verbose view of the sandbox.
+func (c *Controller) Info(ctx context.Context, id string) (map[string]string, error) {
+	sb := c.get(id)
+	if sb == nil {
+		return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	sb.mu.Lock()
+	svc, dead := sb.svc, sb.shimDead
+	sb.mu.Unlock()
+	if svc == nil || dead {
+		return nil, fmt.Errorf("shim of sandbox %s is not running: %w", id, errdefs.ErrUnavailable)
+	}
+	resp, err := svc.SandboxStatus(ctx, &sandboxapi.SandboxStatusRequest{SandboxID: id, Verbose: true})
+	if err != nil {
+		return nil, fmt.Errorf("sandbox status from shim: %w", fromShim(err))
+	}
+	info := resp.GetInfo()
+	if info == nil {
+		info = map[string]string{}
+	}
+	info["shim_state"] = resp.GetState()
+	return info, nil
+}
+
+func (sb *sandbox) status() *Status {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	st := &Status{
+		ID:            sb.rec.ID,
+		IP:            sb.rec.IP,
+		AdditionalIPs: append([]string(nil), sb.rec.AdditionalIPs...),
+		Pid:           sb.rec.Pid,
+		ShimPid:       sb.shimPid,
+		Address:       sb.rec.Address,
+		NetNS:         sb.rec.NetNS,
+		CreatedAt:     sb.rec.CreatedAt,
+		ExitedAt:      sb.rec.ExitedAt,
+		ShimAlive:     sb.client != nil && !sb.shimDead,
+	}
+	if sb.rec.Phase == phaseReady && !sb.shimDead && !sb.exited {
+		st.State = StateReady
+	}
+	return st
+}
+
+func (c *Controller) get(id string) *sandbox {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sandboxes[id]
+}
+
+func (c *Controller) forget(id string) {
+	c.mu.Lock()
+	delete(c.sandboxes, id)
+	c.mu.Unlock()
+}
+
+// Close drops the connections to every shim; the shims and their pods keep running.
+func (c *Controller) Close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, sb := range c.sandboxes {
+		sb.mu.Lock()
+		if sb.cancel != nil {
+			sb.cancel()
+		}
+		if sb.client != nil {
+			client := sb.client
+			sb.client = nil
+			client.Close()
+		}
+		sb.mu.Unlock()
+	}
+}
+
+func trimUnix(addr string) string {
+	const p = "unix://"
+	if len(addr) > len(p) && addr[:len(p)] == p {
+		return addr[len(p):]
+	}
+	return addr
+}

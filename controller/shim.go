@@ -1,0 +1,192 @@
+package controller
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	bootstrap "github.com/containerd/containerd/api/runtime/bootstrap/v1"
+	taskapi "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/ttrpc"
+	"google.golang.org/protobuf/proto"
+)
+
+// shimCall carries what every invocation of a shim binary needs.
+type shimCall struct {
+	binary    string
+	namespace string
+	address   string // criserver's own address, passed as -address like containerd does
+	publish   string // criserver's binary, passed as -publish-binary
+	id        string
+	bundle    string
+	socketDir string
+}
+
+func (s shimCall) args(action string) []string {
+	args := []string{"-namespace", s.namespace, "-address", s.address}
+	if s.publish != "" {
+		args = append(args, "-publish-binary", s.publish)
+	}
+	return append(args, "-id", s.id, "-bundle", s.bundle, action)
+}
+
+// start runs `shim start` and returns the ttrpc address it printed.
+func (s shimCall) start(ctx context.Context) (string, error) {
+	params, err := proto.Marshal(&bootstrap.BootstrapParams{
+		InstanceId: s.id,
+		Namespace:  s.namespace,
+		SocketDir:  &s.socketDir,
+	})
+	if err != nil {
+		return "", fmt.Errorf("encode bootstrap params: %w", err)
+	}
+	cmd := exec.CommandContext(ctx, s.binary, s.args("start")...)
+	cmd.Dir = s.bundle
+	cmd.Stdin = bytes.NewReader(params)
+	cmd.Env = append(os.Environ(), "NAMESPACE="+s.namespace)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("%s start: %w: %s", s.binary, err, strings.TrimSpace(stderr.String()))
+	}
+	addr, err := parseStartResult(stdout.Bytes())
+	if err != nil {
+		return "", fmt.Errorf("%s start: %w", s.binary, err)
+	}
+	return addr, nil
+}
+
+// parseStartResult accepts the three answers a runtime-v2 shim may give: a protobuf
+// BootstrapResult, the legacy JSON, or a bare address.
+func parseStartResult(out []byte) (string, error) {
+	trimmed := strings.TrimSpace(string(out))
+	switch {
+	case trimmed == "":
+		return "", errors.New("shim printed no address")
+	case strings.HasPrefix(trimmed, "unix://") || strings.HasPrefix(trimmed, "/"):
+		return trimmed, nil
+	case strings.HasPrefix(trimmed, "{"):
+		var res struct {
+			Version  int    `json:"version"`
+			Address  string `json:"address"`
+			Protocol string `json:"protocol"`
+		}
+		if err := json.Unmarshal([]byte(trimmed), &res); err != nil {
+			return "", fmt.Errorf("parse shim start JSON %q: %w", trimmed, err)
+		}
+		if res.Protocol != "" && res.Protocol != "ttrpc" {
+			return "", fmt.Errorf("shim speaks %q; crisp needs ttrpc", res.Protocol)
+		}
+		return res.Address, nil
+	}
+	var res bootstrap.BootstrapResult
+	if err := proto.Unmarshal(out, &res); err != nil || res.GetAddress() == "" {
+		return "", fmt.Errorf("shim start printed neither a BootstrapResult nor an address: %q", trimmed)
+	}
+	if p := res.GetProtocol(); p != "" && p != "ttrpc" {
+		return "", fmt.Errorf("shim speaks %q; crisp needs ttrpc", p)
+	}
+	if res.GetVersion() > 3 {
+		return "", fmt.Errorf("shim bootstrap version %d is newer than crisp understands (3)", res.GetVersion())
+	}
+	return res.GetAddress(), nil
+}
+
+// delete runs `shim delete`, the contract's way to clean up after a shim that is gone.
+func (s shimCall) delete(ctx context.Context) (*taskapi.DeleteResponse, error) {
+	cmd := exec.CommandContext(ctx, s.binary, s.args("delete")...)
+	cmd.Dir = s.bundle
+	if _, err := os.Stat(s.bundle); err != nil {
+		cmd.Dir = ""
+	}
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("%s delete: %w: %s", s.binary, err, strings.TrimSpace(stderr.String()))
+	}
+	var resp taskapi.DeleteResponse
+	if err := proto.Unmarshal(stdout.Bytes(), &resp); err != nil {
+		return nil, fmt.Errorf("%s delete printed no DeleteResponse: %w", s.binary, err)
+	}
+	return &resp, nil
+}
+
+// dialShim connects to a shim's ttrpc socket; onClose runs when the connection drops,
+// which is how the controller learns that a shim died.
+func dialShim(ctx context.Context, address string, onClose func()) (*ttrpc.Client, error) {
+	path := strings.TrimPrefix(address, "unix://")
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("dial shim %s: %w", address, err)
+	}
+	return ttrpc.NewClient(conn, ttrpc.WithOnClose(onClose)), nil
+}
+
+// readShimPid reads the pid the shim wrote into its bundle; 0 when unknown.
+func readShimPid(bundle string) int {
+	data, err := os.ReadFile(filepath.Join(bundle, "shim.pid"))
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(data)))
+	return pid
+}
+
+// processAlive reports whether pid exists and is not a zombie.
+func processAlive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the command name, which is in parentheses and may hold spaces.
+	s := string(data)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || (s[i+2] != 'Z' && s[i+2] != 'X')
+}
+
+// waitGone polls until pid has exited or the timeout passes.
+func waitGone(pid int, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for processAlive(pid) {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return true
+}
+
+// resolveShim finds a shim binary: an absolute path as is, else next to criserver's
+// own binary (so `make run` from a build dir works), else on PATH.
+func resolveShim(name string) (string, error) {
+	if filepath.IsAbs(name) {
+		if _, err := os.Stat(name); err != nil {
+			return "", fmt.Errorf("shim binary %s: %w", name, err)
+		}
+		return name, nil
+	}
+	if self, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(self), name)
+		if st, err := os.Stat(p); err == nil && !st.IsDir() {
+			return p, nil
+		}
+	}
+	p, err := exec.LookPath(name)
+	if err != nil {
+		return "", fmt.Errorf("shim binary %q not found next to criserver or on PATH: %w", name, err)
+	}
+	return p, nil
+}

@@ -1,0 +1,315 @@
+package cri
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"google.golang.org/protobuf/encoding/protojson"
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	options "github.com/crisp-runtime/crisp/api/options/v1"
+	"github.com/crisp-runtime/crisp/controller"
+	"github.com/crisp-runtime/crisp/network"
+)
+
+var errNotFound = errdefs.ErrNotFound
+
+// pauseOOMScoreAdj is what containerd gives a pod's pause process; the shim clamps it
+// to what it may set.
+const pauseOOMScoreAdj = -998
+
+func newID() string {
+	var b [32]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func (s *Service) podDir(id string) string { return filepath.Join(s.cfg.RootDir, "pods", id) }
+
+// RunPodSandbox creates and starts a pod: each step below has its undo right after
+// it, run if a later step fails, so a failed call leaves nothing behind.
+func (s *Service) RunPodSandbox(ctx context.Context, req *runtime.RunPodSandboxRequest) (_ *runtime.RunPodSandboxResponse, retErr error) {
+	defer func() { retErr = toStatus(retErr) }()
+	cfg := req.GetConfig()
+	if err := validatePodConfig(cfg, s.cfg.CgroupDriver); err != nil {
+		return nil, err
+	}
+	handler := req.GetRuntimeHandler()
+	if handler == "" {
+		handler = s.cfg.DefaultRuntimeHandler
+	}
+	if !s.ctrl.HasHandler(handler) {
+		return nil, invalid("runtime handler %q is not configured (configured: %s)", handler, strings.Join(s.cfg.HandlerNames(), ", "))
+	}
+	id := newID()
+	md := cfg.GetMetadata()
+	log := s.log.With("pod", id, "name", md.GetName(), "namespace", md.GetNamespace())
+
+	// 1. Reserve the name: a concurrent call with the same metadata fails here.
+	nameKey := podName(md)
+	if err := s.names.reserve(nameKey, id); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			s.names.release(nameKey, id)
+		}
+	}()
+
+	// 2. The controller: netns, CNI, shim, pause. It undoes its own steps on failure.
+	nsOpts := cfg.GetLinux().GetSecurityContext().GetNamespaceOptions()
+	hostNet := nsOpts.GetNetwork() == runtime.NamespaceMode_NODE
+	hostname := cfg.GetHostname()
+	if hostname == "" && !hostNet {
+		hostname = md.GetName()
+		if len(hostname) > maxHostname {
+			hostname = hostname[:maxHostname]
+		}
+	}
+	sysctls := map[string]string{}
+	for k, v := range cfg.GetLinux().GetSysctls() {
+		sysctls[strings.ReplaceAll(k, "/", ".")] = v
+	}
+	uts := options.NamespaceMode_POD
+	if hostNet {
+		// A pod on the host network keeps the host's hostname, as kubelet expects.
+		uts = options.NamespaceMode_NODE
+	}
+	spec := controller.Spec{
+		ID:          id,
+		Handler:     handler,
+		Name:        md.GetName(),
+		Namespace:   md.GetNamespace(),
+		UID:         md.GetUid(),
+		HostNetwork: hostNet,
+		Sandbox: &options.SandboxOptions{
+			Hostname:    hostname,
+			Network:     options.NamespaceMode(nsOpts.GetNetwork()),
+			Pid:         options.NamespaceMode(nsOpts.GetPid()),
+			Ipc:         options.NamespaceMode(nsOpts.GetIpc()),
+			Uts:         uts,
+			Sysctls:     sysctls,
+			OomScoreAdj: pauseOOMScoreAdj,
+		},
+		Annotations:  cfg.GetAnnotations(),
+		CgroupParent: cfg.GetLinux().GetCgroupParent(),
+	}
+	for _, pm := range cfg.GetPortMappings() {
+		spec.PortMappings = append(spec.PortMappings, network.PortMapping{
+			HostPort:      pm.GetHostPort(),
+			ContainerPort: pm.GetContainerPort(),
+			Protocol:      strings.ToLower(pm.GetProtocol().String()),
+			HostIP:        pm.GetHostIp(),
+		})
+	}
+	start := time.Now()
+	st, err := s.ctrl.Create(ctx, spec)
+	if err != nil {
+		return nil, fmt.Errorf("run pod sandbox %s (%s/%s): %w", id, md.GetNamespace(), md.GetName(), err)
+	}
+	defer func() {
+		if retErr != nil {
+			cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := s.ctrl.Remove(cctx, id); err != nil {
+				log.Error("undo sandbox after failed RunPodSandbox", "err", err)
+			}
+		}
+	}()
+
+	// 3. The files containers will bind-mount.
+	if err := podFiles(s.podDir(id), hostname, st.IP, cfg, hostNet); err != nil {
+		return nil, fmt.Errorf("prepare files of pod %s: %w", id, err)
+	}
+	defer func() {
+		if retErr != nil {
+			_ = os.RemoveAll(s.podDir(id))
+		}
+	}()
+
+	// 4. Persist the CRI record; from here the pod exists.
+	raw, err := protojson.Marshal(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("encode pod config: %w", err)
+	}
+	p := &pod{
+		rec:     podRecord{ID: id, Handler: handler, CreatedAt: st.CreatedAt.UnixNano(), Config: raw},
+		config:  cfg,
+		nameKey: nameKey,
+	}
+	if err := s.store.Put(podBucket, id, p.rec); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.pods[id] = p
+	s.mu.Unlock()
+	log.Info("pod sandbox ready", "ip", st.IP, "duration", time.Since(start))
+	return &runtime.RunPodSandboxResponse{PodSandboxId: id}, nil
+}
+
+// StopPodSandbox stops the pod's processes and frees its network. Unknown ids
+// succeed: kubelet retries stops and must not be wedged by one already done.
+func (s *Service) StopPodSandbox(ctx context.Context, req *runtime.StopPodSandboxRequest) (*runtime.StopPodSandboxResponse, error) {
+	p, err := s.resolvePod(req.GetPodSandboxId())
+	if errdefs.IsNotFound(err) {
+		return &runtime.StopPodSandboxResponse{}, nil
+	}
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if err := s.ctrl.Stop(ctx, p.rec.ID, 0); err != nil {
+		return nil, toStatus(fmt.Errorf("stop pod sandbox %s: %w", p.rec.ID, err))
+	}
+	return &runtime.StopPodSandboxResponse{}, nil
+}
+
+// RemovePodSandbox removes a pod and everything of it, stopping it first if needed.
+// Unknown ids succeed.
+func (s *Service) RemovePodSandbox(ctx context.Context, req *runtime.RemovePodSandboxRequest) (*runtime.RemovePodSandboxResponse, error) {
+	p, err := s.resolvePod(req.GetPodSandboxId())
+	if errdefs.IsNotFound(err) {
+		return &runtime.RemovePodSandboxResponse{}, nil
+	}
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	id := p.rec.ID
+	if err := s.ctrl.Remove(ctx, id); err != nil {
+		return nil, toStatus(fmt.Errorf("remove pod sandbox %s: %w", id, err))
+	}
+	if err := os.RemoveAll(s.podDir(id)); err != nil {
+		return nil, toStatus(fmt.Errorf("remove files of pod %s: %w", id, err))
+	}
+	if err := s.store.Delete(podBucket, id); err != nil {
+		return nil, toStatus(err)
+	}
+	s.mu.Lock()
+	delete(s.pods, id)
+	s.mu.Unlock()
+	s.names.release(p.nameKey, id)
+	s.log.Info("pod sandbox removed", "pod", id)
+	return &runtime.RemovePodSandboxResponse{}, nil
+}
+
+// PodSandboxStatus reports a pod's state, network and config.
+func (s *Service) PodSandboxStatus(ctx context.Context, req *runtime.PodSandboxStatusRequest) (*runtime.PodSandboxStatusResponse, error) {
+	p, err := s.resolvePod(req.GetPodSandboxId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	st, _ := s.ctrl.Status(p.rec.ID)
+	resp := &runtime.PodSandboxStatusResponse{Status: s.podStatus(p, st)}
+	if req.GetVerbose() {
+		info := map[string]any{
+			"runtimeHandler": p.rec.Handler,
+			"config":         json.RawMessage(p.rec.Config),
+			"podDir":         s.podDir(p.rec.ID),
+		}
+		if st != nil {
+			info["pid"] = st.Pid
+			info["shimPid"] = st.ShimPid
+			info["shimAddress"] = st.Address
+			info["netNamespacePath"] = st.NetNS
+			info["shimAlive"] = st.ShimAlive
+			if shimInfo, err := s.ctrl.Info(ctx, p.rec.ID); err == nil {
+				info["shim"] = shimInfo
+			} else {
+				info["shimError"] = err.Error()
+			}
+		}
+		data, err := json.Marshal(info)
+		if err != nil {
+			return nil, toStatus(fmt.Errorf("encode verbose info: %w", err))
+		}
+		resp.Info = map[string]string{"info": string(data)}
+	}
+	return resp, nil
+}
+
+func (s *Service) podStatus(p *pod, st *controller.Status) *runtime.PodSandboxStatus {
+	cfg := p.config
+	state := runtime.PodSandboxState_SANDBOX_NOTREADY
+	var ip string
+	var extra []*runtime.PodIP
+	if st != nil {
+		if st.State == controller.StateReady {
+			state = runtime.PodSandboxState_SANDBOX_READY
+		}
+		ip = st.IP
+		for _, a := range st.AdditionalIPs {
+			extra = append(extra, &runtime.PodIP{Ip: a})
+		}
+	}
+	nsOpts := cfg.GetLinux().GetSecurityContext().GetNamespaceOptions()
+	return &runtime.PodSandboxStatus{
+		Id:        p.rec.ID,
+		Metadata:  cfg.GetMetadata(),
+		State:     state,
+		CreatedAt: p.rec.CreatedAt,
+		Network:   &runtime.PodSandboxNetworkStatus{Ip: ip, AdditionalIps: extra},
+		Linux: &runtime.LinuxPodSandboxStatus{Namespaces: &runtime.Namespace{Options: &runtime.NamespaceOption{
+			Network:  nsOpts.GetNetwork(),
+			Pid:      nsOpts.GetPid(),
+			Ipc:      nsOpts.GetIpc(),
+			TargetId: nsOpts.GetTargetId(),
+		}}},
+		Labels:         cfg.GetLabels(),
+		Annotations:    cfg.GetAnnotations(),
+		RuntimeHandler: p.rec.Handler,
+	}
+}
+
+// ListPodSandbox lists pods matching the filter: id (or unique prefix), state, labels.
+func (s *Service) ListPodSandbox(_ context.Context, req *runtime.ListPodSandboxRequest) (*runtime.ListPodSandboxResponse, error) {
+	f := req.GetFilter()
+	s.mu.RLock()
+	pods := make([]*pod, 0, len(s.pods))
+	for id, p := range s.pods {
+		if f.GetId() != "" && !strings.HasPrefix(id, f.GetId()) {
+			continue
+		}
+		pods = append(pods, p)
+	}
+	s.mu.RUnlock()
+	sort.Slice(pods, func(i, j int) bool { return pods[i].rec.CreatedAt < pods[j].rec.CreatedAt })
+	resp := &runtime.ListPodSandboxResponse{}
+	for _, p := range pods {
+		st, _ := s.ctrl.Status(p.rec.ID)
+		full := s.podStatus(p, st)
+		if f.GetState() != nil && f.GetState().GetState() != full.State {
+			continue
+		}
+		if !labelsMatch(full.Labels, f.GetLabelSelector()) {
+			continue
+		}
+		resp.Items = append(resp.Items, &runtime.PodSandbox{
+			Id:             full.Id,
+			Metadata:       full.Metadata,
+			State:          full.State,
+			CreatedAt:      full.CreatedAt,
+			Labels:         full.Labels,
+			Annotations:    full.Annotations,
+			RuntimeHandler: full.RuntimeHandler,
+		})
+	}
+	return resp, nil
+}
+
+func labelsMatch(labels, selector map[string]string) bool {
+	for k, v := range selector {
+		if got, ok := labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,181 @@
+package cri
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/crisp-runtime/crisp/config"
+	"github.com/crisp-runtime/crisp/controller"
+	"github.com/crisp-runtime/crisp/network"
+	"github.com/crisp-runtime/crisp/store"
+	"github.com/crisp-runtime/crisp/version"
+)
+
+// podBucket holds the CRI's record of each pod.
+const podBucket = "pods"
+
+// Service implements the CRI RuntimeService and ImageService. RPCs not built yet are
+// answered by the embedded Unimplemented servers with codes.Unimplemented.
+type Service struct {
+	runtime.UnimplementedRuntimeServiceServer
+	runtime.UnimplementedImageServiceServer
+
+	cfg   config.Config
+	store *store.Store
+	ctrl  *controller.Controller
+	net   *network.Manager
+	log   *slog.Logger
+	names *nameIndex
+
+	mu   sync.RWMutex
+	pods map[string]*pod
+}
+
+// pod is the CRI's view of one pod sandbox.
+type pod struct {
+	rec     podRecord
+	config  *runtime.PodSandboxConfig
+	nameKey string
+}
+
+// podRecord is what the store keeps of a pod.
+type podRecord struct {
+	ID        string          `json:"id"`
+	Handler   string          `json:"handler"`
+	CreatedAt int64           `json:"created_at"`
+	Config    json.RawMessage `json:"config"`
+}
+
+// New returns the CRI service over a controller.
+func New(cfg config.Config, st *store.Store, ctrl *controller.Controller, net *network.Manager, log *slog.Logger) *Service {
+	return &Service{cfg: cfg, store: st, ctrl: ctrl, net: net, log: log, names: newNameIndex(), pods: map[string]*pod{}}
+}
+
+// Recover loads the pods from the store after a restart. liveSandboxes are the ids the
+// controller found again; a sandbox the CRI has no record of is a leftover of a crash
+// between the two writes and is removed.
+func (s *Service) Recover(ctx context.Context, liveSandboxes []string) error {
+	err := s.store.ForEach(podBucket, func(id string, data []byte) error {
+		var rec podRecord
+		if err := json.Unmarshal(data, &rec); err != nil {
+			return fmt.Errorf("decode pod %s: %w", id, err)
+		}
+		var cfg runtime.PodSandboxConfig
+		if err := protojson.Unmarshal(rec.Config, &cfg); err != nil {
+			return fmt.Errorf("decode config of pod %s: %w", id, err)
+		}
+		p := &pod{rec: rec, config: &cfg, nameKey: podName(cfg.GetMetadata())}
+		if err := s.names.reserve(p.nameKey, id); err != nil {
+			return fmt.Errorf("recover pod %s: %w", id, err)
+		}
+		s.pods[id] = p
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("load pods: %w", err)
+	}
+	for _, id := range liveSandboxes {
+		if _, ok := s.pods[id]; !ok {
+			s.log.Info("removing sandbox with no pod record", "pod", id)
+			if err := s.ctrl.Remove(ctx, id); err != nil {
+				s.log.Error("remove orphan sandbox", "pod", id, "err", err)
+			}
+		}
+	}
+	s.log.Info("recovered pods", "count", len(s.pods))
+	return nil
+}
+
+// podName is the reservation key for a pod, as kubelet identifies one attempt.
+func podName(md *runtime.PodSandboxMetadata) string {
+	return strings.Join([]string{md.GetName(), md.GetNamespace(), md.GetUid(), fmt.Sprint(md.GetAttempt())}, "_")
+}
+
+// Version answers the CRI Version RPC.
+func (s *Service) Version(context.Context, *runtime.VersionRequest) (*runtime.VersionResponse, error) {
+	return &runtime.VersionResponse{
+		Version:           "0.1.0",
+		RuntimeName:       version.Name,
+		RuntimeVersion:    version.Version,
+		RuntimeApiVersion: "v1",
+	}, nil
+}
+
+// Status reports whether the runtime and the pod network are ready.
+func (s *Service) Status(_ context.Context, req *runtime.StatusRequest) (*runtime.StatusResponse, error) {
+	runtimeReady := &runtime.RuntimeCondition{Type: runtime.RuntimeReady, Status: true}
+	networkReady := &runtime.RuntimeCondition{Type: runtime.NetworkReady, Status: true}
+	if err := s.net.Ready(); err != nil {
+		networkReady.Status = false
+		networkReady.Reason = "NetworkPluginNotReady"
+		networkReady.Message = err.Error()
+	}
+	resp := &runtime.StatusResponse{Status: &runtime.RuntimeStatus{Conditions: []*runtime.RuntimeCondition{runtimeReady, networkReady}}}
+	for _, name := range s.cfg.HandlerNames() {
+		resp.RuntimeHandlers = append(resp.RuntimeHandlers, &runtime.RuntimeHandler{Name: name, Features: &runtime.RuntimeHandlerFeatures{}})
+		if name == s.cfg.DefaultRuntimeHandler {
+			// Kubelet looks up the default RuntimeClass under the empty name.
+			resp.RuntimeHandlers = append(resp.RuntimeHandlers, &runtime.RuntimeHandler{Name: "", Features: &runtime.RuntimeHandlerFeatures{}})
+		}
+	}
+	if req.GetVerbose() {
+		cfg, _ := json.Marshal(s.cfg)
+		s.mu.RLock()
+		n := len(s.pods)
+		s.mu.RUnlock()
+		resp.Info = map[string]string{
+			"config":  string(cfg),
+			"version": version.Version,
+			"network": s.net.NetworkName(),
+			"pods":    fmt.Sprint(n),
+		}
+	}
+	return resp, nil
+}
+
+// RuntimeConfig reports the cgroup driver so kubelet can match it.
+func (s *Service) RuntimeConfig(context.Context, *runtime.RuntimeConfigRequest) (*runtime.RuntimeConfigResponse, error) {
+	driver := runtime.CgroupDriver_CGROUPFS
+	if s.cfg.CgroupDriver == config.CgroupDriverSystemd {
+		driver = runtime.CgroupDriver_SYSTEMD
+	}
+	return &runtime.RuntimeConfigResponse{Linux: &runtime.LinuxRuntimeConfiguration{CgroupDriver: driver}}, nil
+}
+
+// resolvePod finds a pod by full id or unique id prefix.
+func (s *Service) resolvePod(id string) (*pod, error) {
+	if id == "" {
+		return nil, invalid("pod sandbox id is required")
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if p, ok := s.pods[id]; ok {
+		return p, nil
+	}
+	var found []*pod
+	for pid, p := range s.pods {
+		if strings.HasPrefix(pid, id) {
+			found = append(found, p)
+		}
+	}
+	switch len(found) {
+	case 0:
+		return nil, fmt.Errorf("pod sandbox %q: %w", id, errNotFound)
+	case 1:
+		return found[0], nil
+	}
+	ids := make([]string, 0, len(found))
+	for _, p := range found {
+		ids = append(ids, p.rec.ID)
+	}
+	sort.Strings(ids)
+	return nil, invalid("pod sandbox id prefix %q is ambiguous: it matches %s", id, strings.Join(ids, ", "))
+}

@@ -1,0 +1,103 @@
+package cri
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/crisp-runtime/crisp/config"
+)
+
+func goodPod() *runtime.PodSandboxConfig {
+	return &runtime.PodSandboxConfig{
+		Metadata: &runtime.PodSandboxMetadata{Name: "web", Namespace: "default", Uid: "u1"},
+		Hostname: "web",
+		Linux:    &runtime.LinuxPodSandboxConfig{CgroupParent: "/kubepods/pod1"},
+	}
+}
+
+func TestValidatePodConfig(t *testing.T) {
+	cases := []struct {
+		name    string
+		mutate  func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig
+		driver  string
+		wantErr string
+	}{
+		{name: "good", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig { return c }},
+		{name: "nil", mutate: func(*runtime.PodSandboxConfig) *runtime.PodSandboxConfig { return nil }, wantErr: "config is required"},
+		{name: "no metadata", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig { c.Metadata = nil; return c }, wantErr: "no metadata"},
+		{name: "no uid", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig { c.Metadata.Uid = ""; return c }, wantErr: "metadata.uid is empty"},
+		{name: "slash in name", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig { c.Metadata.Name = "a/b"; return c }, wantErr: "metadata.name"},
+		{name: "long hostname", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
+			c.Hostname = strings.Repeat("h", 65)
+			return c
+		}, wantErr: "hostname"},
+		{name: "bad dns server", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
+			c.DnsConfig = &runtime.DNSConfig{Servers: []string{"dns.example"}}
+			return c
+		}, wantErr: "not an IP address"},
+		{name: "bad port", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
+			c.PortMappings = []*runtime.PortMapping{{ContainerPort: 70000}}
+			return c
+		}, wantErr: "container_port"},
+		{name: "target netns", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
+			c.Linux.SecurityContext = &runtime.LinuxSandboxSecurityContext{NamespaceOptions: &runtime.NamespaceOption{Network: runtime.NamespaceMode_TARGET}}
+			return c
+		}, wantErr: "namespace_options.network"},
+		{name: "node sysctl", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
+			c.Linux.Sysctls = map[string]string{"vm.overcommit_memory": "1"}
+			return c
+		}, wantErr: "not namespaced"},
+		{name: "escaping sysctl", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
+			c.Linux.Sysctls = map[string]string{"net/../../kernel/panic": "1"}
+			return c
+		}, wantErr: "not a valid sysctl"},
+		{name: "net sysctl on host network", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
+			c.Linux.SecurityContext = &runtime.LinuxSandboxSecurityContext{NamespaceOptions: &runtime.NamespaceOption{Network: runtime.NamespaceMode_NODE}}
+			c.Linux.Sysctls = map[string]string{"net.ipv4.ip_forward": "1"}
+			return c
+		}, wantErr: "host network"},
+		{name: "slash sysctl ok", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
+			c.Linux.Sysctls = map[string]string{"net/ipv4/ping_group_range": "0 1"}
+			return c
+		}},
+		{name: "relative cgroup", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig { c.Linux.CgroupParent = "kubepods"; return c }, wantErr: "absolute"},
+		{name: "dotdot cgroup", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig { c.Linux.CgroupParent = "/a/../b"; return c }, wantErr: "cgroup_parent"},
+		{name: "systemd slice", driver: config.CgroupDriverSystemd, mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
+			c.Linux.CgroupParent = "kubepods-pod1.slice"
+			return c
+		}},
+		{name: "systemd path", driver: config.CgroupDriverSystemd, mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig { return c }, wantErr: "slice"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			driver := tc.driver
+			if driver == "" {
+				driver = config.CgroupDriverCgroupfs
+			}
+			err := validatePodConfig(tc.mutate(goodPod()), driver)
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatalf("unexpected error: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errdefs.IsInvalidArgument(err) {
+				t.Fatalf("err = %v, want InvalidArgument containing %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestResolvConf(t *testing.T) {
+	got, err := resolvConf(&runtime.DNSConfig{Servers: []string{"1.1.1.1", "8.8.8.8"}, Searches: []string{"a.local"}, Options: []string{"ndots:5", "edns0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "search a.local\nnameserver 1.1.1.1\nnameserver 8.8.8.8\noptions ndots:5 edns0\n"
+	if string(got) != want {
+		t.Fatalf("got %q want %q", got, want)
+	}
+}

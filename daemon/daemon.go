@@ -1,0 +1,143 @@
+package daemon
+
+import (
+	"context"
+
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"google.golang.org/grpc"
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/crisp-runtime/crisp/config"
+	"github.com/crisp-runtime/crisp/controller"
+	"github.com/crisp-runtime/crisp/cri"
+	"github.com/crisp-runtime/crisp/network"
+	"github.com/crisp-runtime/crisp/store"
+	"github.com/crisp-runtime/crisp/version"
+)
+
+// maxMsgSize matches kubelet's 16 MiB limit on CRI messages.
+const maxMsgSize = 16 << 20
+
+// NewLogger returns criserver's structured logger at the configured level.
+func NewLogger(level string) *slog.Logger {
+	var l slog.Level
+	_ = l.UnmarshalText([]byte(level))
+	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
+}
+
+// Run serves the CRI until ctx is cancelled; pods keep running after it returns.
+func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
+	for _, dir := range []string{cfg.RootDir, cfg.StateDir, filepath.Dir(cfg.Socket)} {
+		if err := os.MkdirAll(dir, 0o711); err != nil {
+			return fmt.Errorf("create %s: %w", dir, err)
+		}
+	}
+	st, err := store.Open(filepath.Join(cfg.RootDir, "meta.db"))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+
+	netMgr, err := network.New(network.Config{
+		ConfDir:       cfg.CNI.ConfDir,
+		BinDirs:       cfg.CNI.BinDirs,
+		CacheDir:      filepath.Join(cfg.RootDir, "cni", "cache"),
+		DefaultBridge: cfg.CNI.DefaultBridge,
+		DefaultSubnet: cfg.CNI.DefaultSubnet,
+		IPAMDataDir:   filepath.Join(cfg.RootDir, "cni", "networks"),
+	}, log.With("component", "network"))
+	if err != nil {
+		return fmt.Errorf("set up pod network: %w", err)
+	}
+
+	ctrl, err := controller.New(controller.Options{
+		StateDir:         cfg.StateDir,
+		Runtimes:         cfg.Runtimes,
+		ShimStartTimeout: time.Duration(cfg.ShimStartTimeoutSeconds) * time.Second,
+		SystemdCgroup:    cfg.CgroupDriver == config.CgroupDriverSystemd,
+		Address:          cfg.Socket,
+	}, st, netMgr, log.With("component", "controller"))
+	if err != nil {
+		return err
+	}
+	defer ctrl.Close()
+	live, err := ctrl.Recover(ctx)
+	if err != nil {
+		return err
+	}
+	svc := cri.New(cfg, st, ctrl, netMgr, log.With("component", "cri"))
+	if err := svc.Recover(ctx, live); err != nil {
+		return err
+	}
+
+	lis, err := listen(cfg.Socket)
+	if err != nil {
+		return err
+	}
+	srv := grpc.NewServer(grpc.MaxRecvMsgSize(maxMsgSize), grpc.MaxSendMsgSize(maxMsgSize),
+		grpc.ChainUnaryInterceptor(logErrors(log)))
+	runtime.RegisterRuntimeServiceServer(srv, svc)
+	runtime.RegisterImageServiceServer(srv, svc)
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(lis) }()
+	log.Info("criserver serving", "socket", cfg.Socket, "version", version.Version, "root", cfg.RootDir, "state", cfg.StateDir)
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve CRI: %w", err)
+	case <-ctx.Done():
+	}
+	log.Info("shutting down; pods keep running")
+	stopped := make(chan struct{})
+	go func() { srv.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		srv.Stop()
+	}
+	_ = os.Remove(cfg.Socket)
+	return nil
+}
+
+// listen opens the CRI socket, replacing a stale file but refusing to steal the
+// socket of a criserver that is still running.
+func listen(path string) (net.Listener, error) {
+	if _, err := os.Stat(path); err == nil {
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("socket %s is in use: is another criserver running?", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("remove stale socket %s: %w", path, err)
+		}
+	}
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o660); err != nil {
+		lis.Close()
+		return nil, fmt.Errorf("chmod %s: %w", path, err)
+	}
+	return lis, nil
+}
+
+// logErrors logs every failed CRI call once, with its method and code.
+func logErrors(log *slog.Logger) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		start := time.Now()
+		resp, err := handler(ctx, req)
+		if err != nil {
+			log.Warn("CRI call failed", "method", info.FullMethod, "err", err, "duration", time.Since(start))
+		} else if log.Enabled(ctx, slog.LevelDebug) {
+			log.Debug("CRI call", "method", info.FullMethod, "duration", time.Since(start))
+		}
+		return resp, err
+	}
+}

@@ -1,0 +1,99 @@
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+)
+
+// TestE2EPodLatencyAndMemory measures RunPodSandbox over 50 sequential pods and the
+// memory of shims, pause processes and criserver with 20 pods running. The numbers
+// are logged (go test -v) for closing notes; the bounds are generous sanity limits.
+func TestE2EPodLatencyAndMemory(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	ctx := ctxT(t)
+
+	const runs = 50
+	var lat []time.Duration
+	for i := range runs {
+		cfg := e.podConfig(fmt.Sprintf("lat%d", i))
+		start := time.Now()
+		id := e.runPod(ctx, cfg)
+		lat = append(lat, time.Since(start))
+		e.stopRemove(ctx, t, id)
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	p50, p99 := lat[runs/2], lat[runs*99/100]
+	t.Logf("RunPodSandbox over %d sequential pods: p50 %v, p99 %v, min %v, max %v", runs, p50, p99, lat[0], lat[runs-1])
+	if p50 > 2*time.Second {
+		t.Errorf("RunPodSandbox p50 %v is far beyond any sane bound", p50)
+	}
+
+	const pods = 20
+	var ids []string
+	var infos []podInfo
+	for i := range pods {
+		id := e.runPod(ctx, e.podConfig(fmt.Sprintf("mem%d", i)))
+		_, info := e.status(ctx, id)
+		ids = append(ids, id)
+		infos = append(infos, info)
+	}
+	time.Sleep(500 * time.Millisecond)
+	var shim, pause memUse
+	for _, info := range infos {
+		shim.add(readMem(t, info.ShimPid))
+		pause.add(readMem(t, info.Pid))
+	}
+	server := readMem(t, e.cmd.Process.Pid)
+	t.Logf("with %d pods, per pod: shim RSS %.2f MiB PSS %.2f MiB USS %.2f MiB; pause RSS %.2f MiB PSS %.2f MiB USS %.2f MiB",
+		pods, shim.rss/pods, shim.pss/pods, shim.uss/pods, pause.rss/pods, pause.pss/pods, pause.uss/pods)
+	t.Logf("criserver with %d pods: RSS %.2f MiB PSS %.2f MiB", pods, server.rss, server.pss)
+	if shim.pss/pods > 30 {
+		t.Errorf("shim PSS %.2f MiB per pod is beyond any sane bound", shim.pss/pods)
+	}
+	for _, id := range ids {
+		e.stopRemove(ctx, t, id)
+	}
+	e.assertNodeClean(t)
+}
+
+type memUse struct{ rss, pss, uss float64 }
+
+func (m *memUse) add(o memUse) { m.rss += o.rss; m.pss += o.pss; m.uss += o.uss }
+
+// readMem reads RSS, PSS and USS (private pages) of pid in MiB from smaps_rollup.
+func readMem(t *testing.T, pid int) memUse {
+	t.Helper()
+	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		t.Fatalf("read memory of %d: %v", pid, err)
+	}
+	defer f.Close()
+	var m memUse
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		fields := strings.Fields(s.Text())
+		if len(fields) < 2 {
+			continue
+		}
+		kb, _ := strconv.ParseFloat(fields[1], 64)
+		mib := kb / 1024
+		switch fields[0] {
+		case "Rss:":
+			m.rss = mib
+		case "Pss:":
+			m.pss = mib
+		case "Private_Clean:", "Private_Dirty:":
+			m.uss += mib
+		}
+	}
+	return m
+}
+
