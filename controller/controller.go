@@ -501,6 +501,10 @@ func (c *Controller) teardown(ctx context.Context, sb *sandbox, timeout time.Dur
 	if pid == 0 {
 		pid = readShimPid(sb.rec.Bundle)
 	}
+	if !isShimOf(pid, sb.rec.ID) {
+		// Never signal a pid the kernel may have handed to someone else.
+		pid = 0
+	}
 	if svc != nil && !dead {
 		if _, err := svc.ShutdownSandbox(ctx, &sandboxapi.ShutdownSandboxRequest{SandboxID: sb.rec.ID}); err != nil && !errors.Is(err, ttrpc.ErrClosed) {
 			c.log.Debug("shutdown sandbox", "pod", sb.rec.ID, "err", err)

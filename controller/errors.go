@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -38,7 +39,7 @@ func fromShim(err error) error {
 	case codes.Unavailable:
 		kind = errdefs.ErrUnavailable
 	case codes.DeadlineExceeded:
-		kind = errdefs.ErrDeadlineExceeded
+		kind = context.DeadlineExceeded
 	default:
 		return errors.New(st.Message())
 	}

@@ -42,7 +42,7 @@ func (s shimCall) args(action string) []string {
 // start runs `shim start` and returns the ttrpc address it printed.
 func (s shimCall) start(ctx context.Context) (string, error) {
 	params, err := proto.Marshal(&bootstrap.BootstrapParams{
-		InstanceId: s.id,
+		InstanceID: s.id,
 		Namespace:  s.namespace,
 		SocketDir:  &s.socketDir,
 	})
@@ -155,6 +155,25 @@ func processAlive(pid int) bool {
 	s := string(data)
 	i := strings.LastIndexByte(s, ')')
 	return i < 0 || i+2 >= len(s) || (s[i+2] != 'Z' && s[i+2] != 'X')
+}
+
+// isShimOf reports whether pid is a shim serving pod id, judged by its command line,
+// so that a recycled pid is never mistaken for the shim.
+func isShimOf(pid int, id string) bool {
+	if pid <= 0 {
+		return false
+	}
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return false
+	}
+	args := strings.Split(string(data), "\x00")
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == "-id" && args[i+1] == id {
+			return true
+		}
+	}
+	return false
 }
 
 // waitGone polls until pid has exited or the timeout passes.

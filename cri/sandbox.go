@@ -70,7 +70,13 @@ func (s *Service) RunPodSandbox(ctx context.Context, req *runtime.RunPodSandboxR
 	nsOpts := cfg.GetLinux().GetSecurityContext().GetNamespaceOptions()
 	hostNet := nsOpts.GetNetwork() == runtime.NamespaceMode_NODE
 	hostname := cfg.GetHostname()
-	if hostname == "" && !hostNet {
+	switch {
+	case hostNet:
+		// The pod shares the host's UTS namespace: its hostname is the node's.
+		if h, err := os.Hostname(); err == nil {
+			hostname = h
+		}
+	case hostname == "":
 		hostname = md.GetName()
 		if len(hostname) > maxHostname {
 			hostname = hostname[:maxHostname]
@@ -93,7 +99,7 @@ func (s *Service) RunPodSandbox(ctx context.Context, req *runtime.RunPodSandboxR
 		UID:         md.GetUid(),
 		HostNetwork: hostNet,
 		Sandbox: &options.SandboxOptions{
-			Hostname:    hostname,
+			Hostname:    podHostname(hostname, hostNet),
 			Network:     options.NamespaceMode(nsOpts.GetNetwork()),
 			Pid:         options.NamespaceMode(nsOpts.GetPid()),
 			Ipc:         options.NamespaceMode(nsOpts.GetIpc()),
@@ -155,6 +161,14 @@ func (s *Service) RunPodSandbox(ctx context.Context, req *runtime.RunPodSandboxR
 	s.mu.Unlock()
 	log.Info("pod sandbox ready", "ip", st.IP, "duration", time.Since(start))
 	return &runtime.RunPodSandboxResponse{PodSandboxId: id}, nil
+}
+
+// podHostname is the hostname the shim sets: none when the pod keeps the host's.
+func podHostname(hostname string, hostNet bool) string {
+	if hostNet {
+		return ""
+	}
+	return hostname
 }
 
 // StopPodSandbox stops the pod's processes and frees its network. Unknown ids
