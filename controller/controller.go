@@ -223,6 +223,7 @@ func (c *Controller) Create(ctx context.Context, spec Spec) (_ *Status, retErr e
 	}
 
 	// 3. The network namespace, pinned so it outlives any process.
+	t0 := time.Now()
 	if !spec.HostNetwork {
 		path, err := netns.New(c.opts.netnsDir(), spec.ID)
 		if err != nil {
@@ -237,19 +238,23 @@ func (c *Controller) Create(ctx context.Context, spec Spec) (_ *Status, retErr e
 
 	// 4. CNI runs while the shim starts: neither needs the other until the pod is
 	// reported, and together they are most of RunPodSandbox's time.
+	t1 := time.Now()
 	netDone := make(chan error, 1)
 	var netRes *network.Result
+	var netTime time.Duration
 	if spec.HostNetwork {
 		netDone <- nil
 	} else {
 		go func() {
 			res, err := c.net.Setup(ctx, sb.rec.Pod)
-			netRes = res
+			netRes, netTime = res, time.Since(t1)
 			netDone <- err
 		}()
 	}
 	shimErr := c.startShim(ctx, sb, spec)
+	shimTime := time.Since(t1)
 	netErr := <-netDone
+	c.log.Debug("pod sandbox created", "pod", spec.ID, "netns", t1.Sub(t0), "cni", netTime, "shim", shimTime)
 	if netRes != nil || netErr == nil {
 		sb.rec.NetworkDone = true
 	}
@@ -282,10 +287,14 @@ func (c *Controller) startShim(ctx context.Context, sb *sandbox, spec Spec) erro
 	sctx, cancel := context.WithTimeout(ctx, c.opts.ShimStartTimeout)
 	defer cancel()
 	call := c.call(&sb.rec)
+	t0 := time.Now()
 	addr, err := call.start(sctx)
 	if err != nil {
 		return fmt.Errorf("start shim for pod %s: %w", spec.ID, err)
 	}
+	defer func(t1 time.Time) {
+		c.log.Debug("shim started", "pod", spec.ID, "bootstrap", t1.Sub(t0), "create_start", time.Since(t1))
+	}(time.Now())
 	sb.rec.Address = addr
 	if err := c.connect(sctx, sb); err != nil {
 		return fmt.Errorf("connect to shim of pod %s: %w", spec.ID, err)
