@@ -425,7 +425,7 @@ func TestE2ERuntimeStatus(t *testing.T) {
 		t.Fatalf("RuntimeConfig: %v %v", rc, err)
 	}
 	// The default network config was written into the empty conf dir.
-	if _, err := os.Stat(filepath.Join(e.dir, "net.d", "10-crisp.conflist")); err != nil {
+	if _, err := os.Stat(filepath.Join(e.dir, "net.d", "99-crisp.conflist")); err != nil {
 		t.Errorf("default CNI config: %v", err)
 	}
 }

@@ -1,0 +1,4 @@
+// Package network attaches pods to the node's CNI network through libcni.
+// It owns the CNI config choice (writing a default bridge config when there is none), ADD/DEL and the libcni result cache.
+// It must not create or remove network namespaces (package netns does, and brings lo up, so no loopback plugin runs).
+package network

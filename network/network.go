@@ -1,0 +1,426 @@
+package network
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/types"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/crisp-runtime/crisp/netns"
+)
+
+// ifName is the pod's interface, as in every Kubernetes runtime.
+const ifName = "eth0"
+
+// cleanupTimeout bounds the DEL that undoes a failed ADD; it runs on a fresh context
+// because the caller's may be the reason ADD failed.
+const cleanupTimeout = time.Minute
+
+// ErrNotReady is wrapped by errors that mean no usable network config or plugin is installed.
+var ErrNotReady = errors.New("pod network not ready")
+
+// Pod is what CNI is told about a pod.
+type Pod struct {
+	ID           string // sandbox ID, the CNI container ID
+	NetNS        string // path of the pinned network namespace
+	Name         string
+	Namespace    string
+	UID          string
+	PortMappings []PortMapping
+	Annotations  map[string]string
+	CgroupPath   string
+}
+
+// PortMapping is one host port forwarded to the pod.
+type PortMapping struct {
+	HostPort      int32
+	ContainerPort int32
+	Protocol      string // tcp|udp|sctp
+	HostIP        string
+}
+
+// Result is the pod's network as the plugins set it up.
+type Result struct {
+	IP            net.IP // primary, IPv4 preferred
+	AdditionalIPs []net.IP
+	Interface     string
+	Gateway       net.IP
+}
+
+// Manager runs the node's CNI network for pods. It is safe for concurrent use.
+type Manager struct {
+	cfg Config
+	log *slog.Logger
+	cni *libcni.CNIConfig
+	// uncached runs single plugins for a best-effort DEL without touching the real
+	// result cache, so a failed teardown keeps the record it needs to be retried.
+	uncached *libcni.CNIConfig
+
+	mu    sync.Mutex
+	state *confState
+}
+
+// New writes the default network config if cfg.ConfDir has none and loads the config to use.
+// A missing or broken config is not an error here: Ready reports it until one appears.
+func New(cfg Config, log *slog.Logger) (*Manager, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	cfg = cfg.withDefaults()
+	wrote, err := writeDefault(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if wrote {
+		log.Info("wrote default CNI network config", "file", filepath.Join(cfg.ConfDir, DefaultConfName),
+			"bridge", cfg.DefaultBridge, "subnet", cfg.DefaultSubnet)
+	}
+	// An explicit exec: libcni would otherwise create one lazily, racing between
+	// concurrent Setup calls.
+	exec := &invoke.DefaultExec{
+		RawExec:       &invoke.RawExec{Stderr: debugWriter{log}},
+		PluginDecoder: version.PluginDecoder{},
+	}
+	m := &Manager{
+		cfg:      cfg,
+		log:      log,
+		cni:      libcni.NewCNIConfigWithCacheDir(cfg.BinDirs, cfg.CacheDir, exec),
+		uncached: libcni.NewCNIConfigWithCacheDir(cfg.BinDirs, filepath.Join(cfg.CacheDir, "none"), exec),
+	}
+	m.mu.Lock()
+	m.reloadLocked()
+	m.mu.Unlock()
+	return m, nil
+}
+
+// reloadLocked rescans the config dir if anything it depends on changed since the last
+// scan: a few stats, so it is done on every Setup and Ready.
+func (m *Manager) reloadLocked() {
+	if m.state != nil && !m.state.stale() {
+		return
+	}
+	old := m.state
+	st := scan(m.cfg.ConfDir)
+	m.state = st
+	switch {
+	case st.list != nil && (old == nil || old.list == nil || old.file != st.file || string(old.list.Bytes) != string(st.list.Bytes)):
+		m.log.Info("loaded CNI network config", "file", st.file, "network", st.list.Name,
+			"cni_version", st.list.CNIVersion, "plugins", pluginTypes(st.list))
+	case st.list == nil && (old == nil || old.list != nil || old.err.Error() != st.err.Error()):
+		m.log.Warn("no usable CNI network config", "err", st.err)
+	}
+}
+
+// current returns the config to use for a new attachment.
+func (m *Manager) current() (*libcni.NetworkConfigList, string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.reloadLocked()
+	if m.state.list == nil {
+		return nil, "", fmt.Errorf("%w: %w", ErrNotReady, m.state.err)
+	}
+	return m.state.list, m.state.file, nil
+}
+
+// NetworkName is the name of the network pods are attached to, or "" if none is configured.
+func (m *Manager) NetworkName() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.reloadLocked()
+	if m.state.list == nil {
+		return ""
+	}
+	return m.state.list.Name
+}
+
+// Ready returns nil when a network config is loaded and all its plugin binaries exist.
+// It only stats files: it never runs a plugin.
+func (m *Manager) Ready() error {
+	list, file, err := m.current()
+	if err != nil {
+		return err
+	}
+	var missing []string
+	for _, t := range pluginTypes(list) {
+		if _, err := invoke.FindInPath(t, m.cfg.BinDirs); err != nil {
+			missing = append(missing, t)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: network %q (%s) needs CNI plugin(s) %s, not found in %s",
+			ErrNotReady, list.Name, file, strings.Join(missing, ", "), strings.Join(m.cfg.BinDirs, ":"))
+	}
+	return nil
+}
+
+// Setup attaches the pod's namespace to the network (CNI ADD). If that fails,
+// whatever the plugins did is undone before the error is returned.
+func (m *Manager) Setup(ctx context.Context, p Pod) (*Result, error) {
+	if p.ID == "" || p.NetNS == "" {
+		return nil, fmt.Errorf("set up network for pod %q: pod ID and netns path are required", p.ID)
+	}
+	list, _, err := m.current()
+	if err != nil {
+		return nil, fmt.Errorf("set up network for pod %s (%s/%s): %w", p.ID, p.Namespace, p.Name, err)
+	}
+	rt := runtimeConf(p)
+	start := time.Now()
+	raw, err := m.cni.AddNetworkList(ctx, list, rt)
+	var res *Result
+	if err == nil {
+		res, err = parseResult(raw)
+	}
+	if err != nil {
+		err = fmt.Errorf("set up network %q for pod %s (%s/%s): %w", list.Name, p.ID, p.Namespace, p.Name, err)
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		if derr := m.del(cctx, list, rt); derr != nil {
+			m.log.Error("undo failed CNI ADD", "pod", p.ID, "network", list.Name, "err", derr)
+			return nil, fmt.Errorf("%w (undoing it also failed: %v)", err, derr)
+		}
+		return nil, err
+	}
+	m.log.Debug("pod network set up", "pod", p.ID, "network", list.Name, "ip", res.IP, "took", time.Since(start))
+	return res, nil
+}
+
+// Teardown detaches the pod from the network (CNI DEL). It is idempotent and also
+// succeeds when the namespace is gone or nothing was ever set up.
+//
+// The network, CNI args and capability args (port mappings) come from libcni's
+// result cache when there is one, so a pod is torn down with the config it was set
+// up with even if the operator changed the config since. An error means something
+// the pod owned could not be removed; the cache entry is then kept for a retry.
+func (m *Manager) Teardown(ctx context.Context, p Pod) error {
+	if p.ID == "" {
+		return errors.New("tear down pod network: pod ID is required")
+	}
+	start := time.Now()
+	atts, err := m.cni.GetCachedAttachments(p.ID)
+	if err != nil {
+		m.log.Warn("read CNI result cache", "pod", p.ID, "err", err)
+	}
+	var errs []error
+	found := false
+	for _, a := range atts {
+		if a.ContainerID != p.ID || a.IfName != ifName {
+			continue
+		}
+		list, err := libcni.NetworkConfFromBytes(a.Config)
+		if err != nil {
+			m.log.Warn("unreadable network config in CNI result cache, using the current one", "pod", p.ID, "network", a.Network, "err", err)
+			continue
+		}
+		found = true
+		nsPath := p.NetNS
+		if nsPath == "" {
+			nsPath = a.NetNS
+		}
+		rt := &libcni.RuntimeConf{ContainerID: p.ID, NetNS: liveNetNS(nsPath), IfName: a.IfName, Args: a.CniArgs, CapabilityArgs: a.CapabilityArgs}
+		if err := m.delAttachment(ctx, list, rt); err != nil {
+			errs = append(errs, fmt.Errorf("network %q: %w", list.Name, err))
+		}
+	}
+	if !found {
+		// Never set up, already torn down, or the cache was lost. A DEL with the
+		// current config is harmless in the first two cases and the best we can do in
+		// the third, so its failure is logged rather than blocking pod removal forever.
+		list, _, err := m.current()
+		if err != nil {
+			m.log.Warn("no CNI result cached and no network config: nothing to tear down", "pod", p.ID, "err", err)
+			return nil
+		}
+		rt := runtimeConf(p)
+		rt.NetNS = liveNetNS(p.NetNS)
+		if err := m.del(ctx, list, rt); err != nil {
+			m.log.Warn("best-effort CNI DEL of pod without cached result failed", "pod", p.ID, "network", list.Name, "err", err)
+		}
+		return nil
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("tear down network of pod %s (%s/%s): %w", p.ID, p.Namespace, p.Name, err)
+	}
+	m.log.Debug("pod network torn down", "pod", p.ID, "took", time.Since(start))
+	return nil
+}
+
+// delAttachment runs DEL for a cached attachment, through a stand-in namespace when
+// the pod's is gone and a plugin needs one (see standin.go).
+func (m *Manager) delAttachment(ctx context.Context, list *libcni.NetworkConfigList, rt *libcni.RuntimeConf) error {
+	if rt.NetNS != "" || !needsStandIn(list) {
+		return m.del(ctx, list, rt)
+	}
+	addrs := m.cachedAddrs(list, rt)
+	if len(addrs) == 0 {
+		return m.del(ctx, list, rt)
+	}
+	var delErr error
+	err := withStandIn(rt.IfName, addrs, func(nsPath string) error {
+		withNS := *rt
+		withNS.NetNS = nsPath
+		delErr = m.del(ctx, list, &withNS)
+		return nil
+	})
+	if err != nil {
+		m.log.Warn("no stand-in namespace for DEL, NAT rules of the pod may be left", "pod", rt.ContainerID, "err", err)
+		return m.del(ctx, list, rt)
+	}
+	return delErr
+}
+
+// del runs DEL for the list. libcni stops at the first plugin that fails, which
+// would leak what the plugins before it in the list made (an IP, a veth); so after a
+// failure every plugin is called on its own, and only their failures are reported.
+func (m *Manager) del(ctx context.Context, list *libcni.NetworkConfigList, rt *libcni.RuntimeConf) error {
+	err := m.cni.DelNetworkList(ctx, list, rt)
+	if err == nil {
+		return nil
+	}
+	m.log.Warn("CNI DEL failed, retrying plugin by plugin", "pod", rt.ContainerID, "network", list.Name, "err", err)
+	var errs []error
+	for i := len(list.Plugins) - 1; i >= 0; i-- {
+		one := &libcni.NetworkConfigList{Name: list.Name, CNIVersion: list.CNIVersion, Plugins: list.Plugins[i : i+1], Bytes: list.Bytes}
+		if err := m.uncached.DelNetworkList(ctx, one, rt); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	// All plugins are done: drop the cached result (a list without plugins only does that).
+	return m.cni.DelNetworkList(ctx, &libcni.NetworkConfigList{Name: list.Name, CNIVersion: list.CNIVersion}, rt)
+}
+
+// liveNetNS returns path if a namespace is still there, else "". Plugins tolerate an
+// empty netns on DEL (they release what lives outside it); a path to a file that is
+// no namespace any more makes some of them fail on every retry.
+func liveNetNS(path string) string {
+	if netns.IsPinned(path) {
+		return path
+	}
+	return ""
+}
+
+// runtimeConf is what kubelet's CNI users (containerd, CRI-O) pass for a pod.
+func runtimeConf(p Pod) *libcni.RuntimeConf {
+	rt := &libcni.RuntimeConf{
+		ContainerID: p.ID,
+		NetNS:       p.NetNS,
+		IfName:      ifName,
+		Args: [][2]string{
+			{"IgnoreUnknown", "1"},
+			{"K8S_POD_NAMESPACE", p.Namespace},
+			{"K8S_POD_NAME", p.Name},
+			{"K8S_POD_INFRA_CONTAINER_ID", p.ID},
+			{"K8S_POD_UID", p.UID},
+		},
+		CapabilityArgs: map[string]any{},
+	}
+	if pm := portMappings(p.PortMappings); len(pm) > 0 {
+		rt.CapabilityArgs["portMappings"] = pm
+	}
+	if len(p.Annotations) > 0 {
+		rt.CapabilityArgs["io.kubernetes.cri.pod-annotations"] = p.Annotations
+	}
+	if p.CgroupPath != "" {
+		rt.CapabilityArgs["cgroupPath"] = p.CgroupPath
+	}
+	return rt
+}
+
+// cniPortMapping is the portMappings capability entry the portmap plugin reads.
+type cniPortMapping struct {
+	HostPort      int32  `json:"hostPort"`
+	ContainerPort int32  `json:"containerPort"`
+	Protocol      string `json:"protocol"`
+	HostIP        string `json:"hostIP,omitempty"`
+}
+
+func portMappings(pms []PortMapping) []cniPortMapping {
+	var out []cniPortMapping
+	for _, pm := range pms {
+		// Kubernetes sends every declared containerPort; only those with a host port
+		// are forwarded (hostPort 0 means none), as in containerd and CRI-O.
+		if pm.HostPort <= 0 {
+			continue
+		}
+		proto := strings.ToLower(pm.Protocol)
+		if proto == "" {
+			proto = "tcp"
+		}
+		out = append(out, cniPortMapping{HostPort: pm.HostPort, ContainerPort: pm.ContainerPort, Protocol: proto, HostIP: pm.HostIP})
+	}
+	return out
+}
+
+// parseResult picks the addresses of the pod's interface out of the plugins' result.
+func parseResult(raw types.Result) (*Result, error) {
+	// Converted to the current version so that a config with an older cniVersion works.
+	r, err := types100.NewResultFromResult(raw)
+	if err != nil {
+		return nil, fmt.Errorf("convert CNI result: %w", err)
+	}
+	res := &Result{Interface: ifName}
+	var ips []*types100.IPConfig
+	for _, ipc := range r.IPs {
+		if ipc == nil || ipc.Address.IP == nil {
+			continue
+		}
+		if ipc.Interface != nil && *ipc.Interface >= 0 && *ipc.Interface < len(r.Interfaces) {
+			iface := r.Interfaces[*ipc.Interface]
+			if iface.Sandbox == "" {
+				continue // an address on the host side (e.g. a bridge), not the pod's
+			}
+			res.Interface = iface.Name
+		}
+		ips = append(ips, ipc)
+	}
+	if len(ips) == 0 {
+		return nil, errors.New("CNI result has no IP address for the pod")
+	}
+	primary := 0
+	for i, ipc := range ips {
+		if ipc.Address.IP.To4() != nil {
+			primary = i
+			break
+		}
+	}
+	res.IP = ips[primary].Address.IP
+	res.Gateway = ips[primary].Gateway
+	for i, ipc := range ips {
+		if i != primary {
+			res.AdditionalIPs = append(res.AdditionalIPs, ipc.Address.IP)
+		}
+	}
+	return res, nil
+}
+
+func pluginTypes(list *libcni.NetworkConfigList) []string {
+	var ts []string
+	for _, p := range list.Plugins {
+		ts = append(ts, p.Network.Type)
+		if t := p.Network.IPAM.Type; t != "" {
+			ts = append(ts, t)
+		}
+	}
+	return ts
+}
+
+// debugWriter sends what plugins print on stderr while succeeding to the debug log.
+type debugWriter struct{ log *slog.Logger }
+
+func (w debugWriter) Write(b []byte) (int, error) {
+	w.log.Debug("CNI plugin stderr", "output", strings.TrimSpace(string(b)))
+	return len(b), nil
+}
