@@ -429,3 +429,54 @@ func TestE2ERuntimeStatus(t *testing.T) {
 		t.Errorf("default CNI config: %v", err)
 	}
 }
+
+func TestE2EHostPort(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	ctx := ctxT(t)
+	const containerPort = 8080
+	hostPort := 30000 + int32(time.Now().UnixNano()%20000)
+	cfg := e.podConfig("hostport")
+	cfg.PortMappings = []*cri.PortMapping{{Protocol: cri.Protocol_TCP, ContainerPort: containerPort, HostPort: hostPort}}
+	id := e.runPod(ctx, cfg)
+	_, info := e.status(ctx, id)
+	var l net.Listener
+	inNetns(t, info.NetNS, func() {
+		var err error
+		if l, err = net.Listen("tcp4", fmt.Sprintf("0.0.0.0:%d", containerPort)); err != nil {
+			t.Fatal(err)
+		}
+	})
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("hostport:ok"))
+			c.Close()
+		}
+	}()
+	// The bridge's address is local to the host, so portmap's DNAT applies to it.
+	_, subnet, _ := net.ParseCIDR(e.subnet)
+	gw := subnet.IP.To4()
+	gw[3] = 1
+	c, err := net.DialTimeout("tcp4", net.JoinHostPort(gw.String(), fmt.Sprint(hostPort)), 3*time.Second)
+	if err != nil {
+		t.Fatalf("connect to host port %d: %v", hostPort, err)
+	}
+	buf := make([]byte, 32)
+	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	n, _ := c.Read(buf)
+	c.Close()
+	if string(buf[:n]) != "hostport:ok" {
+		t.Fatalf("host port answered %q", buf[:n])
+	}
+	e.stopRemove(ctx, t, id)
+	e.assertPodGone(t, id, info)
+	e.assertNodeClean(t)
+	if _, err := net.DialTimeout("tcp4", net.JoinHostPort(gw.String(), fmt.Sprint(hostPort)), time.Second); err == nil {
+		t.Errorf("host port %d still forwarded after the pod was removed", hostPort)
+	}
+}
