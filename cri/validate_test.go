@@ -63,8 +63,14 @@ func TestValidatePodConfig(t *testing.T) {
 			c.Linux.Sysctls = map[string]string{"net/ipv4/ping_group_range": "0 1"}
 			return c
 		}},
-		{name: "relative cgroup", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig { c.Linux.CgroupParent = "kubepods"; return c }, wantErr: "absolute"},
-		{name: "dotdot cgroup", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig { c.Linux.CgroupParent = "/a/../b"; return c }, wantErr: "cgroup_parent"},
+		{name: "relative cgroup", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
+			c.Linux.CgroupParent = "kubepods"
+			return c
+		}, wantErr: "absolute"},
+		{name: "dotdot cgroup", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
+			c.Linux.CgroupParent = "/a/../b"
+			return c
+		}, wantErr: "cgroup_parent"},
 		{name: "systemd slice", driver: config.CgroupDriverSystemd, mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
 			c.Linux.CgroupParent = "kubepods-pod1.slice"
 			return c

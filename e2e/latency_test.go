@@ -10,7 +10,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
 )
 
 // TestE2EPodLatencyAndMemory measures RunPodSandbox over 50 sequential pods and the
@@ -127,4 +126,3 @@ func readMem(t *testing.T, pid int) memUse {
 	}
 	return m
 }
-

@@ -1,0 +1,270 @@
+package pause
+
+// The constructor in pause.c is linked into every binary that imports this package.
+
+// #cgo CFLAGS: -Wall -O2
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Environment of the re-executed binary understood by pause.c.
+const (
+	envPause    = "_CRISP_PAUSE"
+	envNetNS    = "_CRISP_NETNS"
+	envHostname = "_CRISP_HOSTNAME"
+	envSysctls  = "_CRISP_SYSCTLS"
+)
+
+// DefaultReadyTimeout bounds how long Start waits for the pause process to report.
+const DefaultReadyTimeout = 10 * time.Second
+
+// Runner starts and waits for commands; the shim's reaper implements it so that it
+// never reaps the pause process behind Wait's back.
+type Runner interface {
+	Start(*exec.Cmd) error
+	Wait(*exec.Cmd) error
+}
+
+type directRunner struct{}
+
+func (directRunner) Start(c *exec.Cmd) error { return c.Start() }
+func (directRunner) Wait(c *exec.Cmd) error  { return c.Wait() }
+
+// Config describes the namespaces the pause process creates or joins.
+type Config struct {
+	// NetNSPath is a network namespace file to join; empty keeps the shim's (host) one.
+	NetNSPath string
+	// Hostname is set in the new UTS namespace; it must be empty unless NewUTS.
+	Hostname string
+	// Sysctls are written after joining the namespaces (keys like "net.ipv4.ip_forward").
+	Sysctls map[string]string
+	// NewIPC, NewUTS and NewPID unshare the corresponding namespaces.
+	NewIPC, NewUTS, NewPID bool
+	// ReadyTimeout defaults to DefaultReadyTimeout.
+	ReadyTimeout time.Duration
+	// Executable defaults to /proc/self/exe, which carries the constructor.
+	Executable string
+	// Runner defaults to exec.Cmd's own Start and Wait.
+	Runner Runner
+}
+
+// Process is a running (or exited) pause process.
+type Process struct {
+	pid       int
+	startedAt time.Time
+	cmd       *exec.Cmd
+	done      chan struct{}
+
+	mu         sync.Mutex
+	exitStatus uint32
+	exitedAt   time.Time
+}
+
+// Start starts the pause process and returns once it reported that its namespaces,
+// hostname and sysctls are in place.
+func Start(ctx context.Context, cfg Config) (*Process, error) {
+	env, err := environ(cfg)
+	if err != nil {
+		return nil, err
+	}
+	runner := cfg.Runner
+	if runner == nil {
+		runner = directRunner{}
+	}
+	exe := cfg.Executable
+	if exe == "" {
+		exe = "/proc/self/exe"
+	}
+	timeout := cfg.ReadyTimeout
+	if timeout <= 0 {
+		timeout = DefaultReadyTimeout
+	}
+
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("pause ready pipe: %w", err)
+	}
+	defer r.Close()
+
+	var flags uintptr
+	if cfg.NewIPC {
+		flags |= unix.CLONE_NEWIPC
+	}
+	if cfg.NewUTS {
+		flags |= unix.CLONE_NEWUTS
+	}
+	if cfg.NewPID {
+		flags |= unix.CLONE_NEWPID
+	}
+	cmd := &exec.Cmd{
+		Path: exe,
+		Args: []string{"crisp-pause"},
+		Env:  env,
+		// Not the bundle: a cwd there would keep the bundle's mount busy.
+		Dir:        "/",
+		ExtraFiles: []*os.File{w},
+		// Setsid detaches it from the shim's session so it outlives the shim (kept
+		// for recovery); no Pdeathsig for the same reason.
+		SysProcAttr: &syscall.SysProcAttr{Cloneflags: flags, Setsid: true},
+	}
+	err = runner.Start(cmd)
+	w.Close()
+	if err != nil {
+		return nil, fmt.Errorf("start pause process: %w", err)
+	}
+	p := &Process{pid: cmd.Process.Pid, startedAt: time.Now(), cmd: cmd, done: make(chan struct{})}
+	go p.wait(runner)
+
+	if err := readReady(ctx, r, timeout); err != nil {
+		_ = p.Signal(unix.SIGKILL)
+		<-p.done
+		return nil, err
+	}
+	return p, nil
+}
+
+func readReady(ctx context.Context, r *os.File, timeout time.Duration) error {
+	if err := r.SetReadDeadline(time.Now().Add(timeout)); err != nil {
+		return fmt.Errorf("pause ready pipe deadline: %w", err)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = r.SetReadDeadline(time.Now()) })
+	defer stop()
+	msg, err := io.ReadAll(io.LimitReader(r, 4096))
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("waiting for pause process: %w", ctx.Err())
+		}
+		return fmt.Errorf("waiting for pause process (timeout %s): %w", timeout, err)
+	}
+	switch s := string(msg); {
+	case s == "ok":
+		return nil
+	case s == "":
+		return errors.New("pause process exited without reporting readiness")
+	default:
+		return fmt.Errorf("pause process: %s", s)
+	}
+}
+
+func environ(cfg Config) ([]string, error) {
+	env := []string{envPause + "=1"}
+	if cfg.NetNSPath != "" {
+		env = append(env, envNetNS+"="+cfg.NetNSPath)
+	}
+	if cfg.Hostname != "" {
+		if !cfg.NewUTS {
+			return nil, errors.New("pause: a hostname needs a new UTS namespace")
+		}
+		env = append(env, envHostname+"="+cfg.Hostname)
+	}
+	if len(cfg.Sysctls) > 0 {
+		keys := make([]string, 0, len(cfg.Sysctls))
+		for k := range cfg.Sysctls {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		var b strings.Builder
+		for _, k := range keys {
+			v := cfg.Sysctls[k]
+			// One line per sysctl in the environment: a newline or '=' in the key
+			// would let one entry smuggle another.
+			if k == "" || strings.ContainsAny(k, "=\n\x00") || strings.ContainsAny(v, "\n\x00") {
+				return nil, fmt.Errorf("pause: invalid sysctl %q=%q", k, v)
+			}
+			b.WriteString(k + "=" + v + "\n")
+		}
+		env = append(env, envSysctls+"="+b.String())
+	}
+	return env, nil
+}
+
+func (p *Process) wait(runner Runner) {
+	// The error only repeats the exit status, which ProcessState carries.
+	_ = runner.Wait(p.cmd)
+	var status uint32
+	if st := p.cmd.ProcessState; st != nil {
+		if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			status = 128 + uint32(ws.Signal())
+		} else {
+			status = uint32(st.ExitCode())
+		}
+	}
+	p.mu.Lock()
+	p.exitStatus, p.exitedAt = status, time.Now()
+	p.mu.Unlock()
+	close(p.done)
+}
+
+// Pid returns the pause process's pid in the shim's PID namespace.
+func (p *Process) Pid() int { return p.pid }
+
+// StartedAt returns when the process was started.
+func (p *Process) StartedAt() time.Time { return p.startedAt }
+
+// Done is closed once the process has exited and been reaped.
+func (p *Process) Done() <-chan struct{} { return p.done }
+
+// Exited reports the exit status (128+signal when killed) and time, once Done is closed.
+func (p *Process) Exited() (status uint32, at time.Time, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.exitStatus, p.exitedAt, !p.exitedAt.IsZero()
+}
+
+// Signal sends sig; it is a no-op once the process has exited.
+func (p *Process) Signal(sig os.Signal) error {
+	// os.Process signals through a pidfd, so a recycled pid is never hit.
+	err := p.cmd.Process.Signal(sig)
+	if err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("signal pause process %d: %w", p.pid, err)
+	}
+	return nil
+}
+
+// Stop sends SIGTERM, then SIGKILL after grace (at once when grace is 0), and waits for
+// the process to exit or ctx to end.
+func (p *Process) Stop(ctx context.Context, grace time.Duration) error {
+	if grace > 0 {
+		if err := p.Signal(unix.SIGTERM); err != nil {
+			return err
+		}
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		select {
+		case <-p.done:
+			return nil
+		case <-t.C:
+		case <-ctx.Done():
+		}
+	}
+	if err := p.Signal(unix.SIGKILL); err != nil {
+		return err
+	}
+	// Not bounded by ctx: once SIGKILL is sent, returning before the exit would only
+	// make the caller's cleanup (cgroup removal) fail.
+	t := time.NewTimer(killWait)
+	defer t.Stop()
+	select {
+	case <-p.done:
+		return nil
+	case <-t.C:
+		return fmt.Errorf("pause process %d did not exit %s after SIGKILL", p.pid, killWait)
+	}
+}
+
+// killWait bounds the wait for a SIGKILLed process (one stuck in D state never exits).
+const killWait = 10 * time.Second

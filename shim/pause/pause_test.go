@@ -1,0 +1,125 @@
+package pause
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the pause process creates namespaces")
+	}
+}
+
+func nsInode(t *testing.T, pid int, kind string) uint64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/%s", pid, kind), &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
+}
+
+// nsenter reads a file as seen from inside the pause process's namespaces.
+func nsenter(t *testing.T, pid int, flag string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("nsenter", append([]string{"-t", fmt.Sprint(pid), flag, "--"}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("nsenter %s %v: %v: %s", flag, args, err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func TestStartStop(t *testing.T) {
+	needRoot(t)
+	tests := []struct {
+		name  string
+		cfg   Config
+		grace time.Duration
+		want  uint32
+	}{
+		{
+			name:  "new namespaces, SIGTERM",
+			cfg:   Config{NewIPC: true, NewUTS: true, NewPID: true, Hostname: "pause-test", Sysctls: map[string]string{"kernel.shm_rmid_forced": "1"}},
+			grace: 5 * time.Second,
+			want:  0,
+		},
+		{
+			name:  "host pid namespace, SIGKILL",
+			cfg:   Config{NewUTS: true},
+			grace: 0,
+			want:  137,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			p, err := Start(ctx, tt.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = p.Stop(ctx, 0) })
+
+			self := os.Getpid()
+			if got := nsInode(t, p.Pid(), "uts") == nsInode(t, self, "uts"); got {
+				t.Error("pause shares the host UTS namespace")
+			}
+			if newPID := nsInode(t, p.Pid(), "pid") != nsInode(t, self, "pid"); newPID != tt.cfg.NewPID {
+				t.Errorf("new PID namespace = %v, want %v", newPID, tt.cfg.NewPID)
+			}
+			if tt.cfg.Hostname != "" {
+				if got := nsenter(t, p.Pid(), "-u", "hostname"); got != tt.cfg.Hostname {
+					t.Errorf("hostname = %q, want %q", got, tt.cfg.Hostname)
+				}
+			}
+			for k, v := range tt.cfg.Sysctls {
+				path := "/proc/sys/" + strings.ReplaceAll(k, ".", "/")
+				if got := nsenter(t, p.Pid(), "-i", "cat", path); got != v {
+					t.Errorf("%s in pod = %q, want %q", k, got, v)
+				}
+			}
+
+			if err := p.Stop(ctx, tt.grace); err != nil {
+				t.Fatal(err)
+			}
+			status, _, ok := p.Exited()
+			if !ok || status != tt.want {
+				t.Errorf("exit = %d (exited %v), want %d", status, ok, tt.want)
+			}
+		})
+	}
+}
+
+func TestStartReportsErrors(t *testing.T) {
+	needRoot(t)
+	tests := []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"missing netns", Config{NetNSPath: "/nonexistent/netns"}, "open netns /nonexistent/netns"},
+		{"unknown sysctl", Config{NewIPC: true, Sysctls: map[string]string{"kernel.shm_no_such_thing": "1"}}, "sysctl kernel.shm_no_such_thing"},
+		{"hostname without UTS namespace", Config{Hostname: "x"}, "needs a new UTS namespace"},
+		{"newline in sysctl", Config{Sysctls: map[string]string{"a": "1\nb=2"}}, "invalid sysctl"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := Start(context.Background(), tt.cfg)
+			if err == nil {
+				_ = p.Stop(context.Background(), 0)
+				t.Fatal("Start succeeded")
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %q does not mention %q", err, tt.want)
+			}
+		})
+	}
+}

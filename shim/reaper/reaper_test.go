@@ -1,0 +1,47 @@
+package reaper
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+)
+
+// TestTrackedChildKeepsItsExitStatus checks that the reaper leaves a child started
+// through it to cmd.Wait (which would otherwise fail with ECHILD) while reaping a
+// child it does not know.
+func TestTrackedChildKeepsItsExitStatus(t *testing.T) {
+	r := New(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go r.Run(ctx)
+
+	untracked := exec.Command("/bin/sh", "-c", "exit 0")
+	if err := untracked.Start(); err != nil {
+		t.Fatal(err)
+	}
+	tracked := exec.Command("/bin/sh", "-c", "exit 7")
+	if err := r.Start(tracked); err != nil {
+		t.Fatal(err)
+	}
+	err := r.Wait(tracked)
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 7 {
+		t.Fatalf("Wait = %v, want exit status 7", err)
+	}
+	pid := untracked.Process.Pid
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		// Only look: reaping here would hide whether the reaper did it.
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("untracked child %d was not reaped", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,206 @@
+package sandbox
+
+import (
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strings"
+
+	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+// podSpec is the validated form of a CreateSandboxRequest.
+type podSpec struct {
+	id        string
+	netnsPath string // "" keeps the host network namespace
+	hostname  string
+	sysctls   map[string]string
+	newIPC    bool
+	newUTS    bool
+	newPID    bool
+	cgroup    CgroupConfig
+	oomScore  int
+	modes     string // for status info: "network=pod,pid=pod,..."
+}
+
+const (
+	defaultCgroupParent = "/crisp"
+	defaultSystemdSlice = "system.slice"
+	cgroupPrefix        = "crisp"
+	maxHostname         = 64 // HOST_NAME_MAX
+)
+
+var (
+	idRE       = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+	hostnameRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$`)
+	sysctlRE   = regexp.MustCompile(`^[A-Za-z0-9_]+(\.[A-Za-z0-9_-]+)+$`)
+	sliceRE    = regexp.MustCompile(`^[A-Za-z0-9_.@-]+\.slice$`)
+)
+
+func invalid(format string, args ...any) error {
+	return status.Errorf(codes.InvalidArgument, format, args...)
+}
+
+// ValidID reports whether id can name a sandbox: it becomes part of cgroup and unit names.
+func ValidID(id string) bool { return idRE.MatchString(id) }
+
+// unpackOptions decodes the options Any; absent options mean all-default (every
+// namespace per pod, cgroupfs under /crisp).
+func unpackOptions(a *anypb.Any) (*optionsv1.SandboxOptions, error) {
+	opts := &optionsv1.SandboxOptions{}
+	if a == nil {
+		return opts, nil
+	}
+	if !a.MessageIs(opts) {
+		return nil, invalid("options must be %s, got %q", opts.ProtoReflect().Descriptor().FullName(), a.GetTypeUrl())
+	}
+	if err := a.UnmarshalTo(opts); err != nil {
+		return nil, invalid("decode options: %v", err)
+	}
+	return opts, nil
+}
+
+// buildSpec validates everything the pause process and the cgroup manager will act on,
+// so that a bad request fails as InvalidArgument before anything is created.
+func buildSpec(id, netnsPath string, o *optionsv1.SandboxOptions) (podSpec, error) {
+	spec := podSpec{id: id, netnsPath: netnsPath, sysctls: map[string]string{}}
+	if !ValidID(id) {
+		return spec, invalid("sandbox id %q: want 1-128 characters of [A-Za-z0-9_.-]", id)
+	}
+	for name, m := range map[string]optionsv1.NamespaceMode{
+		"network": o.GetNetwork(), "pid": o.GetPid(), "ipc": o.GetIpc(), "uts": o.GetUts(),
+	} {
+		if _, ok := optionsv1.NamespaceMode_name[int32(m)]; !ok {
+			return spec, invalid("%s namespace mode %d is not POD, CONTAINER or NODE", name, m)
+		}
+		// Only a PID namespace can sensibly differ per container; the others are the
+		// pod's by definition of a pod.
+		if m == optionsv1.NamespaceMode_CONTAINER && name != "pid" {
+			return spec, invalid("%s namespace mode CONTAINER is not supported", name)
+		}
+	}
+	spec.newIPC = o.GetIpc() != optionsv1.NamespaceMode_NODE
+	spec.newUTS = o.GetUts() != optionsv1.NamespaceMode_NODE
+	spec.newPID = o.GetPid() != optionsv1.NamespaceMode_NODE
+	// Without a netns path the pod stays in the host network, whatever the mode says.
+	network := "node"
+	if netnsPath != "" {
+		network = "pod"
+	}
+	spec.modes = fmt.Sprintf("network=%s,pid=%s,ipc=%s,uts=%s", network,
+		strings.ToLower(o.GetPid().String()), strings.ToLower(o.GetIpc().String()), strings.ToLower(o.GetUts().String()))
+
+	if netnsPath != "" {
+		if o.GetNetwork() == optionsv1.NamespaceMode_NODE {
+			return spec, invalid("netns_path %q given with network mode NODE", netnsPath)
+		}
+		if err := checkNetNS(netnsPath); err != nil {
+			return spec, err
+		}
+	}
+
+	if h := o.GetHostname(); h != "" {
+		if !spec.newUTS {
+			return spec, invalid("hostname %q needs uts mode POD: with NODE it would rename the host", h)
+		}
+		if len(h) > maxHostname || !hostnameRE.MatchString(h) {
+			return spec, invalid("hostname %q: want at most %d characters of [A-Za-z0-9.-]", h, maxHostname)
+		}
+		spec.hostname = h
+	}
+
+	for k, v := range o.GetSysctls() {
+		if err := checkSysctl(k, v, netnsPath != "", spec.newIPC, spec.newUTS); err != nil {
+			return spec, err
+		}
+		spec.sysctls[k] = v
+	}
+
+	cg, err := cgroupConfig(id, o.GetCgroupParent(), o.GetSystemdCgroup())
+	if err != nil {
+		return spec, err
+	}
+	spec.cgroup = cg
+
+	if s := o.GetOomScoreAdj(); s < -1000 || s > 1000 {
+		return spec, invalid("oom_score_adj %d out of range [-1000, 1000]", s)
+	}
+	spec.oomScore = int(o.GetOomScoreAdj())
+	return spec, nil
+}
+
+// checkNetNS makes sure the path is a network namespace, so that a typo fails here and
+// not as an obscure setns error in the pause process.
+func checkNetNS(path string) error {
+	if !filepath.IsAbs(path) || filepath.Clean(path) != path {
+		return invalid("netns_path %q must be an absolute, clean path", path)
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return invalid("netns_path %q: %v", path, err)
+	}
+	defer unix.Close(fd)
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &fs); err != nil {
+		return invalid("netns_path %q: statfs: %v", path, err)
+	}
+	if fs.Type != unix.NSFS_MAGIC {
+		return invalid("netns_path %q is not a namespace file (bind-mounted nsfs)", path)
+	}
+	typ, err := unix.IoctlRetInt(fd, unix.NS_GET_NSTYPE)
+	if err != nil {
+		return invalid("netns_path %q: NS_GET_NSTYPE: %v", path, err)
+	}
+	if typ != unix.CLONE_NEWNET {
+		return invalid("netns_path %q is not a network namespace", path)
+	}
+	return nil
+}
+
+// sysctlNamespace names the namespace a sysctl belongs to ("" if it is global). Only
+// namespaced sysctls can be set per pod: anything else would change the host.
+func sysctlNamespace(key string) string {
+	switch {
+	case strings.HasPrefix(key, "net."):
+		return "network"
+	case strings.HasPrefix(key, "kernel.shm"), strings.HasPrefix(key, "kernel.msg"),
+		strings.HasPrefix(key, "kernel.sem"), strings.HasPrefix(key, "fs.mqueue."):
+		return "ipc"
+	case key == "kernel.hostname", key == "kernel.domainname":
+		return "uts"
+	}
+	return ""
+}
+
+func checkSysctl(k, v string, ownNet, ownIPC, ownUTS bool) error {
+	if strings.Contains(k, "..") || strings.Contains(k, "/") {
+		return invalid("sysctl %q: key must not contain \"..\" or \"/\"", k)
+	}
+	if len(k) > 256 || !sysctlRE.MatchString(k) {
+		return invalid("sysctl %q: malformed key", k)
+	}
+	if v == "" || len(v) > 4096 || strings.ContainsAny(v, "\n\x00") {
+		return invalid("sysctl %q: value must be 1-4096 bytes without newlines", k)
+	}
+	switch ns := sysctlNamespace(k); ns {
+	case "network":
+		if !ownNet {
+			return invalid("sysctl %q needs the pod's own network namespace (netns_path is empty)", k)
+		}
+	case "ipc":
+		if !ownIPC {
+			return invalid("sysctl %q needs ipc mode POD", k)
+		}
+	case "uts":
+		if !ownUTS {
+			return invalid("sysctl %q needs uts mode POD", k)
+		}
+	default:
+		return invalid("sysctl %q is not namespaced: setting it would change the host", k)
+	}
+	return nil
+}

@@ -1,0 +1,76 @@
+package sandbox
+
+import (
+	"testing"
+
+	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+func TestBuildSpec(t *testing.T) {
+	tests := []struct {
+		name      string
+		id        string
+		netns     string
+		opts      *optionsv1.SandboxOptions
+		wantErr   bool
+		wantCg    string
+		wantFlags [3]bool // newIPC, newUTS, newPID
+	}{
+		{name: "defaults", id: "p1", opts: &optionsv1.SandboxOptions{}, wantCg: "/crisp/crisp-p1", wantFlags: [3]bool{true, true, true}},
+		{name: "host everything", id: "p1", opts: &optionsv1.SandboxOptions{
+			Network: optionsv1.NamespaceMode_NODE, Pid: optionsv1.NamespaceMode_NODE, Ipc: optionsv1.NamespaceMode_NODE, Uts: optionsv1.NamespaceMode_NODE,
+		}, wantCg: "/crisp/crisp-p1"},
+		{name: "pid per container keeps a pod pid ns for the pause", id: "p1", opts: &optionsv1.SandboxOptions{Pid: optionsv1.NamespaceMode_CONTAINER}, wantCg: "/crisp/crisp-p1", wantFlags: [3]bool{true, true, true}},
+		{name: "cgroup parent", id: "p1", opts: &optionsv1.SandboxOptions{CgroupParent: "/kubepods/besteffort/podx"}, wantCg: "/kubepods/besteffort/podx/crisp-p1", wantFlags: [3]bool{true, true, true}},
+		{name: "systemd default slice", id: "p1", opts: &optionsv1.SandboxOptions{SystemdCgroup: true}, wantCg: "system.slice:crisp:p1", wantFlags: [3]bool{true, true, true}},
+		{name: "ipc sysctl", id: "p1", opts: &optionsv1.SandboxOptions{Sysctls: map[string]string{"kernel.shm_rmid_forced": "1", "fs.mqueue.msg_max": "20"}}, wantCg: "/crisp/crisp-p1", wantFlags: [3]bool{true, true, true}},
+		{name: "bad id", id: "a/b", opts: &optionsv1.SandboxOptions{}, wantErr: true},
+		{name: "network CONTAINER", id: "p1", opts: &optionsv1.SandboxOptions{Network: optionsv1.NamespaceMode_CONTAINER}, wantErr: true},
+		{name: "uts sysctl with host uts", id: "p1", opts: &optionsv1.SandboxOptions{Uts: optionsv1.NamespaceMode_NODE, Sysctls: map[string]string{"kernel.domainname": "x"}}, wantErr: true},
+		{name: "empty sysctl value", id: "p1", opts: &optionsv1.SandboxOptions{Sysctls: map[string]string{"kernel.shmmax": ""}}, wantErr: true},
+		{name: "newline in sysctl value", id: "p1", opts: &optionsv1.SandboxOptions{Sysctls: map[string]string{"kernel.shmmax": "1\nkernel.shmall=2"}}, wantErr: true},
+		{name: "hostname too long", id: "p1", opts: &optionsv1.SandboxOptions{Hostname: string(make([]byte, 65))}, wantErr: true},
+		{name: "relative netns", id: "p1", netns: "run/netns/x", opts: &optionsv1.SandboxOptions{}, wantErr: true},
+		{name: "negative oom below range", id: "p1", opts: &optionsv1.SandboxOptions{OomScoreAdj: -1001}, wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			spec, err := buildSpec(tt.id, tt.netns, tt.opts)
+			if tt.wantErr {
+				if status.Code(err) != codes.InvalidArgument {
+					t.Fatalf("err = %v, want InvalidArgument", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := spec.cgroup.String(); got != tt.wantCg {
+				t.Errorf("cgroup = %q, want %q", got, tt.wantCg)
+			}
+			if got := [3]bool{spec.newIPC, spec.newUTS, spec.newPID}; got != tt.wantFlags {
+				t.Errorf("new ipc/uts/pid = %v, want %v", got, tt.wantFlags)
+			}
+		})
+	}
+}
+
+func TestSysctlNamespace(t *testing.T) {
+	for key, want := range map[string]string{
+		"net.ipv4.ip_forward":    "network",
+		"kernel.shm_rmid_forced": "ipc",
+		"kernel.sem":             "ipc",
+		"kernel.msgmax":          "ipc",
+		"fs.mqueue.queues_max":   "ipc",
+		"kernel.hostname":        "uts",
+		"kernel.pid_max":         "",
+		"vm.overcommit_memory":   "",
+		"netx.foo":               "",
+	} {
+		if got := sysctlNamespace(key); got != want {
+			t.Errorf("sysctlNamespace(%q) = %q, want %q", key, got, want)
+		}
+	}
+}

@@ -1,0 +1,500 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"runtime"
+	"strconv"
+	"sync"
+	"time"
+
+	sandboxapi "github.com/containerd/containerd/api/runtime/sandbox/v1"
+	"github.com/containerd/containerd/api/types"
+	"github.com/crisp-runtime/crisp/shim/pause"
+	"github.com/crisp-runtime/crisp/shim/proc"
+	"github.com/opencontainers/cgroups"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// Sandbox states reported by SandboxStatus, as containerd's CRI spells them.
+const (
+	StateReady    = "SANDBOX_READY"
+	StateNotReady = "SANDBOX_NOTREADY"
+)
+
+// Config wires a Service to its shim.
+type Config struct {
+	// ID is the shim's -id: the one sandbox this shim serves.
+	ID string
+	// Bundle is the directory sandbox.json is written to.
+	Bundle string
+	Logger *slog.Logger
+	// Runner starts and waits for the pause process (the shim's reaper).
+	Runner pause.Runner
+	// BeforeShutdownReply runs when ShutdownSandbox has cleaned up, before it replies
+	// (the shim removes its socket there).
+	BeforeShutdownReply func()
+	// AfterShutdownReply runs once the reply to ShutdownSandbox has been handed to the
+	// transport (the shim exits then); it must not block.
+	AfterShutdownReply func()
+}
+
+// Service implements containerd.runtime.sandbox.v1.Sandbox for one pod.
+type Service struct {
+	id          string
+	bundle      string
+	log         *slog.Logger
+	runner      pause.Runner
+	beforeReply func()
+	afterReply  func()
+
+	// opMu serialises lifecycle operations and is held across their slow steps;
+	// mu guards sb's fields and is never held across anything slow, so status and
+	// wait calls are not blocked by a stop in progress.
+	opMu sync.Mutex
+	mu   sync.Mutex
+	sb   *sandbox
+	// writeMu orders sandbox.json writes so that the last write has the latest state.
+	writeMu sync.Mutex
+}
+
+type sandbox struct {
+	spec    podSpec
+	state   State
+	cg      cgroups.Manager
+	pause   *pause.Process
+	stopped bool
+
+	finishOnce sync.Once
+	done       chan struct{} // closed once the sandbox has exited (or stopped unstarted)
+	exitStatus uint32
+	exitedAt   time.Time
+}
+
+var _ sandboxapi.TTRPCSandboxService = (*Service)(nil)
+
+// New returns the service; nothing happens until CreateSandbox.
+func New(cfg Config) *Service {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Service{
+		id:          cfg.ID,
+		bundle:      cfg.Bundle,
+		log:         log.With("sandbox", cfg.ID),
+		runner:      cfg.Runner,
+		beforeReply: cfg.BeforeShutdownReply,
+		afterReply:  cfg.AfterShutdownReply,
+	}
+	if s.beforeReply == nil {
+		s.beforeReply = func() {}
+	}
+	if s.afterReply == nil {
+		s.afterReply = func() {}
+	}
+	return s
+}
+
+func (s *Service) lookup(id string) (*sandbox, error) {
+	if id != s.id {
+		return nil, status.Errorf(codes.NotFound, "sandbox %q not found: this shim serves %q", id, s.id)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sb == nil {
+		return nil, status.Errorf(codes.NotFound, "sandbox %q not created yet", id)
+	}
+	return s.sb, nil
+}
+
+// CreateSandbox validates the pod's options, creates its cgroup and records it.
+func (s *Service) CreateSandbox(ctx context.Context, req *sandboxapi.CreateSandboxRequest) (*sandboxapi.CreateSandboxResponse, error) {
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	if req.GetSandboxID() != s.id {
+		return nil, invalid("sandbox id %q: this shim was started for %q", req.GetSandboxID(), s.id)
+	}
+	s.mu.Lock()
+	exists := s.sb != nil
+	s.mu.Unlock()
+	if exists {
+		return nil, status.Errorf(codes.AlreadyExists, "sandbox %q already created", s.id)
+	}
+	opts, err := unpackOptions(req.GetOptions())
+	if err != nil {
+		return nil, err
+	}
+	spec, err := buildSpec(req.GetSandboxID(), req.GetNetnsPath(), opts)
+	if err != nil {
+		return nil, err
+	}
+	m, err := spec.cgroup.manager()
+	if err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "%v", err)
+	}
+	// A systemd scope cannot exist without a process in it, so that driver creates
+	// the cgroup in StartSandbox together with the pause process.
+	if spec.cgroup.Driver == DriverCgroupfs {
+		if err := m.Apply(-1); err != nil {
+			// Apply may have created the cgroup in some hierarchies before failing.
+			if derr := destroyCgroup(m, s.log); derr != nil {
+				s.log.Error("remove partly created pod cgroup", "error", derr)
+			}
+			return nil, status.Errorf(codes.Internal, "create pod cgroup %s: %v", spec.cgroup, err)
+		}
+	}
+	sb := &sandbox{
+		spec: spec,
+		cg:   m,
+		done: make(chan struct{}),
+		state: State{
+			SandboxID:  spec.id,
+			BundlePath: req.GetBundlePath(),
+			NetNSPath:  spec.netnsPath,
+			Cgroup:     spec.cgroup,
+			CreatedAt:  time.Now().UTC(),
+		},
+	}
+	s.mu.Lock()
+	s.sb = sb
+	s.mu.Unlock()
+	if err := s.persist(sb); err != nil {
+		s.mu.Lock()
+		s.sb = nil
+		s.mu.Unlock()
+		if derr := destroyCgroup(m, s.log); derr != nil {
+			s.log.Error("remove pod cgroup after failed create", "error", derr)
+		}
+		return nil, status.Errorf(codes.Internal, "%v", err)
+	}
+	s.log.Info("sandbox created", "cgroup", spec.cgroup.String(), "netns", spec.netnsPath, "namespaces", spec.modes)
+	return &sandboxapi.CreateSandboxResponse{}, nil
+}
+
+// StartSandbox starts the pause process, puts it in the pod cgroup and records it.
+func (s *Service) StartSandbox(ctx context.Context, req *sandboxapi.StartSandboxRequest) (*sandboxapi.StartSandboxResponse, error) {
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	sb, err := s.lookup(req.GetSandboxID())
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	p, stopped := sb.pause, sb.stopped
+	s.mu.Unlock()
+	if p != nil && !stopped && !isDone(sb.done) {
+		return &sandboxapi.StartSandboxResponse{Pid: uint32(p.Pid()), CreatedAt: timestamppb.New(p.StartedAt())}, nil
+	}
+	if stopped || p != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "sandbox %q has already stopped; create a new one", s.id)
+	}
+
+	spec := sb.spec
+	p, err = pause.Start(ctx, pause.Config{
+		NetNSPath: spec.netnsPath,
+		Hostname:  spec.hostname,
+		Sysctls:   spec.sysctls,
+		NewIPC:    spec.newIPC,
+		NewUTS:    spec.newUTS,
+		NewPID:    spec.newPID,
+		Runner:    s.runner,
+	})
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "start sandbox %q: %v", s.id, err)
+	}
+	pid := p.Pid()
+	fail := func(code codes.Code, format string, args ...any) (*sandboxapi.StartSandboxResponse, error) {
+		if err := p.Stop(context.WithoutCancel(ctx), 0); err != nil {
+			s.log.Error("kill pause process after failed start", "pid", pid, "error", err)
+		}
+		return nil, status.Errorf(code, format, args...)
+	}
+	st, err := proc.ReadStat(pid)
+	if err != nil {
+		return fail(codes.Internal, "identify pause process: %v", err)
+	}
+	if err := sb.cg.Apply(pid); err != nil {
+		return fail(codes.Internal, "put pause process %d into cgroup %s: %v", pid, spec.cgroup, err)
+	}
+	floor, err := proc.OOMScoreAdj(0)
+	if err != nil {
+		return fail(codes.Internal, "%v", err)
+	}
+	score, clamped := proc.ClampOOMScoreAdj(spec.oomScore, floor)
+	if clamped {
+		// Going below the shim's own score needs CAP_SYS_RESOURCE, which the shim may lack.
+		s.log.Warn("oom_score_adj clamped to the shim's own", "requested", spec.oomScore, "applied", score)
+	}
+	if err := proc.SetOOMScoreAdj(pid, score); err != nil {
+		return fail(codes.Internal, "%v", err)
+	}
+
+	started := p.StartedAt().UTC()
+	s.mu.Lock()
+	sb.pause = p
+	sb.state.PausePid, sb.state.PauseStartTime, sb.state.StartedAt = pid, st.StartTime, &started
+	s.mu.Unlock()
+	if err := s.persist(sb); err != nil {
+		// Without the record a dead shim's pause could not be cleaned up.
+		s.mu.Lock()
+		sb.pause, sb.stopped = nil, false
+		s.mu.Unlock()
+		return fail(codes.Internal, "%v", err)
+	}
+	go s.monitor(sb, p)
+	s.log.Info("sandbox started", "pause_pid", pid, "oom_score_adj", score)
+	return &sandboxapi.StartSandboxResponse{Pid: uint32(pid), CreatedAt: timestamppb.New(started)}, nil
+}
+
+func (s *Service) monitor(sb *sandbox, p *pause.Process) {
+	<-p.Done()
+	st, at, _ := p.Exited()
+	s.log.Info("pause process exited", "pid", p.Pid(), "exit_status", st)
+	s.finish(sb, st, at)
+}
+
+// finish records the sandbox's end once and wakes WaitSandbox callers.
+func (s *Service) finish(sb *sandbox, exitStatus uint32, at time.Time) {
+	sb.finishOnce.Do(func() {
+		at = at.UTC()
+		s.mu.Lock()
+		sb.exitStatus, sb.exitedAt = exitStatus, at
+		sb.state.ExitStatus, sb.state.ExitedAt = &exitStatus, &at
+		s.mu.Unlock()
+		if err := s.persist(sb); err != nil {
+			s.log.Error("record sandbox exit", "error", err)
+		}
+		close(sb.done)
+	})
+}
+
+func (s *Service) persist(sb *sandbox) error {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	s.mu.Lock()
+	st := sb.state
+	s.mu.Unlock()
+	return writeState(s.bundle, &st)
+}
+
+func isDone(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// Platform reports the platform containers of this sandbox run on.
+func (s *Service) Platform(ctx context.Context, req *sandboxapi.PlatformRequest) (*sandboxapi.PlatformResponse, error) {
+	if req.GetSandboxID() != "" && req.GetSandboxID() != s.id {
+		return nil, status.Errorf(codes.NotFound, "sandbox %q not found: this shim serves %q", req.GetSandboxID(), s.id)
+	}
+	return &sandboxapi.PlatformResponse{Platform: &types.Platform{OS: "linux", Architecture: runtime.GOARCH}}, nil
+}
+
+// StopSandbox stops the pause process (SIGTERM, SIGKILL after timeout_secs) and removes
+// the pod cgroup. Stopping a stopped sandbox succeeds.
+func (s *Service) StopSandbox(ctx context.Context, req *sandboxapi.StopSandboxRequest) (*sandboxapi.StopSandboxResponse, error) {
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	sb, err := s.lookup(req.GetSandboxID())
+	if err != nil {
+		return nil, err
+	}
+	if err := s.stop(ctx, sb, time.Duration(req.GetTimeoutSecs())*time.Second); err != nil {
+		return nil, err
+	}
+	return &sandboxapi.StopSandboxResponse{}, nil
+}
+
+// stop must be called with opMu held.
+func (s *Service) stop(ctx context.Context, sb *sandbox, grace time.Duration) error {
+	s.mu.Lock()
+	p := sb.pause
+	sb.stopped = true
+	s.mu.Unlock()
+	if p != nil {
+		if err := p.Stop(ctx, grace); err != nil {
+			return status.Errorf(codes.Internal, "stop sandbox %q: %v", s.id, err)
+		}
+		// The monitor records the exit; wait so that a status right after this call
+		// already shows it.
+		<-sb.done
+	} else {
+		s.finish(sb, 0, time.Now())
+	}
+	if err := destroyCgroup(sb.cg, s.log); err != nil {
+		return status.Errorf(codes.Internal, "stop sandbox %q: %v", s.id, err)
+	}
+	s.log.Info("sandbox stopped", "grace", grace.String())
+	return nil
+}
+
+// WaitSandbox blocks until the sandbox has exited or ctx ends.
+func (s *Service) WaitSandbox(ctx context.Context, req *sandboxapi.WaitSandboxRequest) (*sandboxapi.WaitSandboxResponse, error) {
+	sb, err := s.lookup(req.GetSandboxID())
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-sb.done:
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return &sandboxapi.WaitSandboxResponse{ExitStatus: sb.exitStatus, ExitedAt: timestamppb.New(sb.exitedAt)}, nil
+}
+
+// SandboxStatus reports whether the pause process runs, plus pids and cgroup in info.
+func (s *Service) SandboxStatus(ctx context.Context, req *sandboxapi.SandboxStatusRequest) (*sandboxapi.SandboxStatusResponse, error) {
+	sb, err := s.lookup(req.GetSandboxID())
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	resp := &sandboxapi.SandboxStatusResponse{
+		SandboxID: s.id,
+		State:     StateNotReady,
+		CreatedAt: timestamppb.New(sb.state.CreatedAt),
+		Info: map[string]string{
+			"shim_pid":  strconv.Itoa(os.Getpid()),
+			"cgroup":    sb.spec.cgroup.String(),
+			"pause_pid": "0",
+		},
+	}
+	if sb.pause != nil {
+		resp.Pid = uint32(sb.pause.Pid())
+		resp.Info["pause_pid"] = strconv.Itoa(sb.pause.Pid())
+		resp.CreatedAt = timestamppb.New(*sb.state.StartedAt)
+		if !isDone(sb.done) {
+			resp.State = StateReady
+		}
+	}
+	if isDone(sb.done) {
+		resp.ExitedAt = timestamppb.New(sb.exitedAt)
+	}
+	if req.GetVerbose() {
+		resp.Info["namespaces"] = sb.spec.modes
+		resp.Info["netns_path"] = sb.spec.netnsPath
+		resp.Info["hostname"] = sb.spec.hostname
+		resp.Info["bundle"] = s.bundle
+		resp.Info["cgroup_driver"] = sb.spec.cgroup.Driver
+		resp.Info["pause_start_time"] = strconv.FormatUint(sb.state.PauseStartTime, 10)
+	}
+	return resp, nil
+}
+
+// PingSandbox answers as long as the shim serves.
+func (s *Service) PingSandbox(ctx context.Context, req *sandboxapi.PingRequest) (*sandboxapi.PingResponse, error) {
+	if req.GetSandboxID() != "" && req.GetSandboxID() != s.id {
+		return nil, status.Errorf(codes.NotFound, "sandbox %q not found: this shim serves %q", req.GetSandboxID(), s.id)
+	}
+	return &sandboxapi.PingResponse{}, nil
+}
+
+// ShutdownSandbox stops everything, then lets the shim exit once the reply is sent. The
+// shim exits even when cleanup failed (the error is returned): a later `shim-runc
+// delete` repeats the cleanup from sandbox.json.
+func (s *Service) ShutdownSandbox(ctx context.Context, req *sandboxapi.ShutdownSandboxRequest) (*sandboxapi.ShutdownSandboxResponse, error) {
+	if req.GetSandboxID() != s.id {
+		return nil, status.Errorf(codes.NotFound, "sandbox %q not found: this shim serves %q", req.GetSandboxID(), s.id)
+	}
+	err := s.Shutdown(ctx)
+	s.beforeReply()
+	// ttrpc cancels a request's context only after its connection loop has taken the
+	// reply for writing, so exiting from there cannot cut the reply off (closing the
+	// server any earlier races with the reply: ttrpc may see the connection as idle).
+	context.AfterFunc(ctx, s.afterReply)
+	if err != nil {
+		return nil, err
+	}
+	return &sandboxapi.ShutdownSandboxResponse{}, nil
+}
+
+// Shutdown kills the pause process (no grace: nothing in it needs one) and removes the
+// pod cgroup. It is what SIGTERM to the shim does too.
+func (s *Service) Shutdown(ctx context.Context) error {
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	s.mu.Lock()
+	sb := s.sb
+	s.mu.Unlock()
+	if sb == nil {
+		return nil
+	}
+	return s.stop(ctx, sb, 0)
+}
+
+// SandboxMetrics is not implemented yet.
+func (s *Service) SandboxMetrics(ctx context.Context, req *sandboxapi.SandboxMetricsRequest) (*sandboxapi.SandboxMetricsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "SandboxMetrics is not implemented by crisp-shim-runc")
+}
+
+// UpdateSandbox is not implemented yet.
+func (s *Service) UpdateSandbox(ctx context.Context, req *sandboxapi.UpdateSandboxRequest) (*sandboxapi.UpdateSandboxResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "UpdateSandbox is not implemented by crisp-shim-runc")
+}
+
+// Exit is what `delete` reports for a dead shim's sandbox.
+type Exit struct {
+	Pid      uint32
+	Status   uint32
+	ExitedAt time.Time
+}
+
+// killedStatus is what a SIGKILLed process reports (128+9), as containerd's shims do.
+const killedStatus = 137
+
+// Cleanup removes what a dead shim left behind according to dir/sandbox.json: it kills
+// the pause process if its pid still names the same process, and removes the pod cgroup.
+// Running it again is harmless.
+func Cleanup(ctx context.Context, dir string, log *slog.Logger) (Exit, error) {
+	st, err := ReadState(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		// The shim died before CreateSandbox: there is nothing of the pod to remove.
+		return Exit{Status: killedStatus, ExitedAt: time.Now().UTC()}, nil
+	}
+	if err != nil {
+		return Exit{}, err
+	}
+	var errs []error
+	if st.PausePid > 0 {
+		killed, err := proc.KillVerified(st.PausePid, st.PauseStartTime, 10*time.Second)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if killed {
+			log.Info("killed pause process of dead shim", "pid", st.PausePid)
+			now := time.Now().UTC()
+			status := uint32(killedStatus)
+			st.ExitStatus, st.ExitedAt = &status, &now
+		}
+	}
+	if st.Cgroup.Driver != "" {
+		m, err := st.Cgroup.manager()
+		if err == nil {
+			err = destroyCgroup(m, log)
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if st.ExitedAt == nil {
+		now := time.Now().UTC()
+		status := uint32(killedStatus)
+		st.ExitStatus, st.ExitedAt = &status, &now
+	}
+	if err := writeState(dir, st); err != nil {
+		errs = append(errs, err)
+	}
+	return Exit{Pid: uint32(st.PausePid), Status: *st.ExitStatus, ExitedAt: *st.ExitedAt}, errors.Join(errs...)
+}

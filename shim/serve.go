@@ -1,0 +1,190 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	sandboxapi "github.com/containerd/containerd/api/runtime/sandbox/v1"
+	"github.com/containerd/ttrpc"
+	"github.com/crisp-runtime/crisp/shim/reaper"
+	"github.com/crisp-runtime/crisp/shim/sandbox"
+	"golang.org/x/sys/unix"
+)
+
+// listenerFD is where `start` hands the listening socket to the serving shim.
+const listenerFD = 3
+
+// shutdownTimeout bounds how long the shim waits for replies in flight before exiting.
+const shutdownTimeout = 5 * time.Second
+
+// signalShutdownTimeout bounds the cleanup SIGTERM triggers (stopping the pause process
+// and removing the cgroup).
+const signalShutdownTimeout = 30 * time.Second
+
+// hangupGrace is how long the shim waits, after replying to ShutdownSandbox, for clients
+// to close their connections before it closes them.
+const hangupGrace = 100 * time.Millisecond
+
+// Serve runs the shim's ttrpc server on the socket inherited as fd 3 until
+// ShutdownSandbox or SIGTERM/SIGINT.
+func Serve(ctx context.Context, f Flags, log *slog.Logger) error {
+	if f.ID == "" {
+		return errors.New("serve: -id is required")
+	}
+	bundle, err := bundleDir(f.Bundle)
+	if err != nil {
+		return err
+	}
+	l, err := inheritedListener()
+	if err != nil {
+		return err
+	}
+	socketPath := l.Addr().String()
+	log = log.With("id", f.ID, "namespace", f.Namespace)
+
+	if err := reaper.SetSubreaper(); err != nil {
+		l.Close()
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	r := reaper.New(log)
+	go r.Run(ctx)
+
+	// Registered before serving so that a SIGTERM arriving early still shuts down
+	// cleanly instead of killing the shim with the pause process left running.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT)
+	defer signal.Stop(sigs)
+
+	removeSocket := func() {
+		if err := os.Remove(socketPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+			log.Warn("remove socket", "path", socketPath, "error", err)
+		}
+	}
+	exit := make(chan struct{})
+	var exitOnce sync.Once
+	svc := sandbox.New(sandbox.Config{
+		ID:                  f.ID,
+		Bundle:              bundle,
+		Logger:              log,
+		Runner:              r,
+		BeforeShutdownReply: removeSocket,
+		AfterShutdownReply:  func() { exitOnce.Do(func() { close(exit) }) },
+	})
+	server, err := ttrpc.NewServer()
+	if err != nil {
+		l.Close()
+		return fmt.Errorf("ttrpc server: %w", err)
+	}
+	sandboxapi.RegisterTTRPCSandboxService(server, svc)
+
+	tl := &trackingListener{Listener: l}
+	served := make(chan error, 1)
+	go func() { served <- server.Serve(ctx, tl) }()
+	log.Info("shim serving", "socket", socketPath, "pid", os.Getpid(), "bundle", bundle)
+
+	select {
+	case <-exit:
+		log.Info("shutdown requested")
+		// A ttrpc client that sees the connection close right behind a reply may report
+		// ErrClosed instead of the reply (its dispatcher selects on both), so give
+		// clients a moment to read the reply and hang up first.
+		hctx, hcancel := context.WithTimeout(ctx, hangupGrace)
+		tl.wait(hctx)
+		hcancel()
+	case sig := <-sigs:
+		log.Info("signal received, shutting down", "signal", sig.String())
+		sctx, scancel := context.WithTimeout(ctx, signalShutdownTimeout)
+		if err := svc.Shutdown(sctx); err != nil {
+			log.Error("shutdown", "error", err)
+		}
+		scancel()
+		removeSocket()
+	case err := <-served:
+		if err != nil && !errors.Is(err, ttrpc.ErrServerClosed) {
+			return fmt.Errorf("ttrpc serve: %w", err)
+		}
+		return nil
+	}
+
+	// Stop accepting; idle connections are closed, busy ones first finish their request.
+	sctx, scancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer scancel()
+	if err := server.Shutdown(sctx); err != nil {
+		log.Warn("ttrpc shutdown incomplete, closing", "error", err)
+		server.Close()
+	}
+	// ttrpc's Shutdown returns as soon as it has told idle connections to close, not
+	// when they have finished writing; the last reply would be lost if the process
+	// exited now.
+	if !tl.wait(sctx) {
+		log.Warn("connections still open at exit")
+	}
+	log.Info("shim exiting")
+	return nil
+}
+
+// trackingListener counts the connections it accepted until they are closed.
+type trackingListener struct {
+	net.Listener
+	open atomic.Int64
+}
+
+func (l *trackingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	l.open.Add(1)
+	return &trackedConn{Conn: c, closed: func() { l.open.Add(-1) }}, nil
+}
+
+// wait reports whether every accepted connection was closed before ctx ended. It polls:
+// connections may still be accepted meanwhile, which a WaitGroup would not allow.
+func (l *trackingListener) wait(ctx context.Context) bool {
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for l.open.Load() > 0 {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+	}
+	return true
+}
+
+type trackedConn struct {
+	net.Conn
+	once   sync.Once
+	closed func()
+}
+
+func (c *trackedConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.closed)
+	return err
+}
+
+func inheritedListener() (net.Listener, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(listenerFD, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return nil, errors.New("no listening socket on fd 3: run `shim-runc start` instead")
+	}
+	f := os.NewFile(listenerFD, "listener")
+	defer f.Close()
+	l, err := net.FileListener(f)
+	if err != nil {
+		return nil, fmt.Errorf("listener on fd 3: %w", err)
+	}
+	return l, nil
+}
