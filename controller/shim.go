@@ -18,6 +18,8 @@ import (
 	taskapi "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/ttrpc"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/crisp-runtime/crisp/proc"
 )
 
 // shimCall carries what every invocation of a shim binary needs.
@@ -147,14 +149,8 @@ func processAlive(pid int) bool {
 	if pid <= 0 {
 		return false
 	}
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	// The state follows the command name, which is in parentheses and may hold spaces.
-	s := string(data)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || (s[i+2] != 'Z' && s[i+2] != 'X')
+	st, err := proc.ReadStat(pid)
+	return err == nil && st.State != 'Z' && st.State != 'X'
 }
 
 // isShimOf reports whether pid is a shim serving pod id, judged by its command line,

@@ -12,8 +12,8 @@ import (
 
 	sandboxapi "github.com/containerd/containerd/api/runtime/sandbox/v1"
 	"github.com/containerd/containerd/api/types"
+	"github.com/crisp-runtime/crisp/proc"
 	"github.com/crisp-runtime/crisp/shim/pause"
-	"github.com/crisp-runtime/crisp/shim/proc"
 	"github.com/opencontainers/cgroups"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
