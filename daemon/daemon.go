@@ -38,6 +38,10 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			return fmt.Errorf("create %s: %w", dir, err)
 		}
 	}
+	// Fail fast, before waiting on the database lock, when another criserver serves.
+	if err := socketFree(cfg.Socket); err != nil {
+		return err
+	}
 	st, err := store.Open(filepath.Join(cfg.RootDir, "meta.db"))
 	if err != nil {
 		return err
@@ -108,11 +112,10 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 // listen opens the CRI socket, replacing a stale file but refusing to steal the
 // socket of a criserver that is still running.
 func listen(path string) (net.Listener, error) {
+	if err := socketFree(path); err != nil {
+		return nil, err
+	}
 	if _, err := os.Stat(path); err == nil {
-		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-			c.Close()
-			return nil, fmt.Errorf("socket %s is in use: is another criserver running?", path)
-		}
 		if err := os.Remove(path); err != nil {
 			return nil, fmt.Errorf("remove stale socket %s: %w", path, err)
 		}
@@ -126,6 +129,15 @@ func listen(path string) (net.Listener, error) {
 		return nil, fmt.Errorf("chmod %s: %w", path, err)
 	}
 	return lis, nil
+}
+
+// socketFree fails when something answers on the socket at path.
+func socketFree(path string) error {
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c.Close()
+		return fmt.Errorf("socket %s is in use: is another criserver running?", path)
+	}
+	return nil
 }
 
 // logErrors logs every failed CRI call once, with its method and code.

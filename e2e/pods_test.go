@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -15,6 +16,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/crisp-runtime/crisp/config"
 )
 
 // assertPodGone checks that nothing of a removed pod is left on the node.
@@ -478,5 +481,54 @@ func TestE2EHostPort(t *testing.T) {
 	e.assertNodeClean(t)
 	if _, err := net.DialTimeout("tcp4", net.JoinHostPort(gw.String(), fmt.Sprint(hostPort)), time.Second); err == nil {
 		t.Errorf("host port %d still forwarded after the pod was removed", hostPort)
+	}
+}
+
+func TestE2ECommandLine(t *testing.T) {
+	bins := buildBinaries(t)
+	server := filepath.Join(bins, "criserver")
+	out, err := exec.Command(server, "config", "default").Output()
+	if err != nil {
+		t.Fatalf("config default: %v", err)
+	}
+	path := filepath.Join(t.TempDir(), "default.toml")
+	if err := os.WriteFile(path, out, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatalf("printed defaults do not load: %v\n%s", err, out)
+	}
+	if cfg.Socket != "/run/crisp/crisp.sock" || cfg.RootDir != "/var/lib/crisp" || cfg.StateDir != "/run/crisp" {
+		t.Errorf("defaults: %+v", cfg)
+	}
+	if out, err := exec.Command(server, "--version").Output(); err != nil || !strings.Contains(string(out), "crisp") {
+		t.Errorf("--version: %q %v", out, err)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.toml")
+	_ = os.WriteFile(bad, []byte("cgroup_driver = \"nope\"\n"), 0o600)
+	out, err = exec.Command(server, "--config", bad).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "cgroup_driver") {
+		t.Errorf("bad config: err %v, output %q", err, out)
+	}
+	if out, err := exec.Command(filepath.Join(bins, "shim-runc"), "--version").Output(); err != nil || !strings.Contains(string(out), "crisp") {
+		t.Errorf("shim --version: %q %v", out, err)
+	}
+}
+
+func TestE2ESocketMode(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	st, err := os.Stat(e.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o660 || st.Mode()&os.ModeSocket == 0 {
+		t.Errorf("socket mode %v, want socket 0660", st.Mode())
+	}
+	// A second criserver on the same socket refuses to start instead of stealing it.
+	out, err := exec.Command(filepath.Join(binDir, "criserver"), "--config", e.cfgPath).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "another criserver") {
+		t.Errorf("second criserver: err %v, output %q", err, out)
 	}
 }
