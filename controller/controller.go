@@ -188,6 +188,12 @@ func (c *Controller) Create(ctx context.Context, spec Spec) (_ *Status, retErr e
 		},
 		CreatedAt: time.Now(),
 	}}
+	if !spec.HostNetwork {
+		// Known before it exists, so that a crash right after creating it still leaves
+		// a record that leads Recover to it.
+		sb.rec.NetNS = filepath.Join(c.opts.netnsDir(), spec.ID)
+		sb.rec.Pod.NetNS = sb.rec.NetNS
+	}
 	c.mu.Lock()
 	if _, dup := c.sandboxes[spec.ID]; dup {
 		c.mu.Unlock()
@@ -229,10 +235,8 @@ func (c *Controller) Create(ctx context.Context, spec Spec) (_ *Status, retErr e
 		if err != nil {
 			return nil, fmt.Errorf("create network namespace for pod %s: %w", spec.ID, err)
 		}
-		sb.rec.NetNS = path
-		sb.rec.Pod.NetNS = path
-		if err := c.store.Put(bucket, spec.ID, sb.rec); err != nil {
-			return nil, err
+		if path != sb.rec.NetNS {
+			return nil, fmt.Errorf("network namespace of pod %s pinned at %s, expected %s", spec.ID, path, sb.rec.NetNS)
 		}
 	}
 

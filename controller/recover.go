@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -32,7 +35,13 @@ func (c *Controller) Recover(ctx context.Context) ([]string, error) {
 		c.mu.Unlock()
 		if r.Phase == phaseCreating {
 			c.log.Info("undoing pod creation cut short by a restart", "pod", r.ID)
-			if r.Address != "" {
+			if r.Address == "" {
+				// The shim may have started after the last write: it left its address.
+				if data, err := os.ReadFile(filepath.Join(r.Bundle, "shim.address")); err == nil {
+					sb.rec.Address = strings.TrimSpace(string(data))
+				}
+			}
+			if sb.rec.Address != "" {
 				dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 				_ = c.connect(dctx, sb)
 				cancel()

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -73,6 +74,35 @@ func (e *env) assertNodeClean(t *testing.T) {
 	if len(entries) > 0 {
 		t.Errorf("netns pins left: %d", len(entries))
 	}
+	entries, _ = os.ReadDir(filepath.Join(e.state, "sandboxes"))
+	if len(entries) > 0 {
+		t.Errorf("bundles left: %d", len(entries))
+	}
+	entries, _ = os.ReadDir(filepath.Join(e.state, "s"))
+	if len(entries) > 0 {
+		t.Errorf("shim sockets left: %d", len(entries))
+	}
+	if procs := e.shimProcesses(); len(procs) > 0 {
+		t.Errorf("shim or pause processes left: %v", procs)
+	}
+}
+
+// shimProcesses lists processes started for this env: shims carry its bundle paths
+// on their command line, pause processes carry them in their environment.
+func (e *env) shimProcesses() []string {
+	var out []string
+	dirs, _ := os.ReadDir("/proc")
+	for _, d := range dirs {
+		if pid, err := strconv.Atoi(d.Name()); err != nil || pid == os.Getpid() || (e.cmd != nil && pid == e.cmd.Process.Pid) {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", d.Name(), "cmdline"))
+		environ, _ := os.ReadFile(filepath.Join("/proc", d.Name(), "environ"))
+		if strings.Contains(string(cmdline), e.state) || strings.Contains(string(environ), e.state) {
+			out = append(out, d.Name()+":"+strings.ReplaceAll(string(cmdline), "\x00", " "))
+		}
+	}
+	return out
 }
 
 func (e *env) stopRemove(ctx context.Context, t *testing.T, id string) {
@@ -531,4 +561,69 @@ func TestE2ESocketMode(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "another criserver") {
 		t.Errorf("second criserver: err %v, output %q", err, out)
 	}
+}
+
+func TestE2EFailureHalfwayLeavesNothing(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	ctx := ctxT(t)
+	// Valid to the CRI, refused by the kernel when the pause process writes it: the
+	// failure comes after the netns, CNI and the shim are all set up.
+	cfg := e.podConfig("halfway")
+	cfg.Linux.Sysctls = map[string]string{"net.ipv4.ip_forward": "not-a-number"}
+	_, err := e.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: cfg})
+	if err == nil {
+		t.Fatal("RunPodSandbox with a sysctl the kernel refuses succeeded")
+	}
+	if !strings.Contains(err.Error(), "ip_forward") {
+		t.Errorf("error does not name the sysctl: %v", err)
+	}
+	list, _ := e.rt.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{})
+	if len(list.GetItems()) != 0 {
+		t.Errorf("failed pod is listed: %v", list.Items)
+	}
+	e.assertNodeClean(t)
+	// The name was released: the same pod can be run once fixed.
+	cfg.Linux.Sysctls = map[string]string{"net.ipv4.ip_forward": "1"}
+	id := e.runPod(ctx, cfg)
+	_, info := e.status(ctx, id)
+	e.stopRemove(ctx, t, id)
+	e.assertPodGone(t, id, info)
+	e.assertNodeClean(t)
+}
+
+func TestE2EKill9DuringRunPodSandbox(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	ctx := ctxT(t)
+	// Kill criserver at different points of RunPodSandbox; every restart must either
+	// have the pod whole or have undone it completely.
+	for i, delay := range []time.Duration{2 * time.Millisecond, 10 * time.Millisecond, 20 * time.Millisecond, 35 * time.Millisecond, 60 * time.Millisecond} {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_, _ = e.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: e.podConfig(fmt.Sprintf("crash%d", i))})
+		}()
+		time.Sleep(delay)
+		e.kill9()
+		<-done
+		e.start()
+		list, err := e.rt.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range list.Items {
+			st, info := e.status(ctx, p.Id)
+			if st.State != cri.PodSandboxState_SANDBOX_READY || st.Network.Ip == "" {
+				t.Errorf("delay %v: surviving pod %s is %v with IP %q", delay, p.Id, st.State, st.Network.Ip)
+			}
+			e.stopRemove(ctx, t, p.Id)
+			e.assertPodGone(t, p.Id, info)
+		}
+		e.assertNodeClean(t)
+	}
+	log := e.log()
+	t.Logf("creations undone on restart: %d; orphan sandboxes removed: %d; pods that survived whole: %d",
+		strings.Count(log, "undoing pod creation cut short"), strings.Count(log, "removing sandbox with no pod record"),
+		strings.Count(log, "pod sandbox removed"))
 }
