@@ -37,8 +37,28 @@ type Config struct {
 	ShimStartTimeoutSeconds int `toml:"shim_start_timeout_seconds" comment:"how long a shim may take to start and answer"`
 	// CNI configures pod networking.
 	CNI CNIConfig `toml:"cni"`
+	// Registry configures image pulls.
+	Registry RegistryConfig `toml:"registry"`
+	// Image configures the image store.
+	Image ImageConfig `toml:"image"`
 	// Runtimes maps a runtime handler (RuntimeClass) name to the shim that runs its pods.
 	Runtimes map[string]Runtime `toml:"runtimes"`
+}
+
+// RegistryConfig says how registries are reached.
+type RegistryConfig struct {
+	// Mirrors maps a registry host to mirror endpoints tried in order before it.
+	Mirrors map[string][]string `toml:"mirrors" comment:"registry host -> mirror endpoints tried first, e.g. {\"docker.io\" = [\"https://mirror.example\"]}"`
+	// Insecure lists registries reached over plain HTTP or with unverified TLS.
+	Insecure []string `toml:"insecure" comment:"hosts (host or host:port) allowed over plain HTTP or unverified TLS; localhost is always allowed over HTTP"`
+	// MaxConcurrentDownloads bounds parallel layer downloads per pull.
+	MaxConcurrentDownloads int `toml:"max_concurrent_downloads" comment:"layers downloaded at once per pull"`
+}
+
+// ImageConfig configures the image store.
+type ImageConfig struct {
+	// Pinned images are reported pinned so kubelet's image GC never removes them.
+	Pinned []string `toml:"pinned" comment:"image references kubelet's image GC must never remove"`
 }
 
 // CNIConfig configures libcni and the default network written on a fresh node.
@@ -74,6 +94,12 @@ func Default() Config {
 			DefaultBridge: "crisp0",
 			DefaultSubnet: "10.88.0.0/16",
 		},
+		Registry: RegistryConfig{
+			Mirrors:                map[string][]string{},
+			Insecure:               []string{},
+			MaxConcurrentDownloads: 3,
+		},
+		Image: ImageConfig{Pinned: []string{}},
 		Runtimes: map[string]Runtime{
 			"runc": {Shim: "shim-runc", Namespace: "k8s.io"},
 		},
@@ -142,6 +168,16 @@ func (c Config) Validate() error {
 	for name, r := range c.Runtimes {
 		if r.Shim == "" {
 			return fmt.Errorf("runtimes.%s.shim is empty", name)
+		}
+	}
+	if c.Registry.MaxConcurrentDownloads <= 0 {
+		return fmt.Errorf("registry.max_concurrent_downloads must be positive, got %d", c.Registry.MaxConcurrentDownloads)
+	}
+	for host, eps := range c.Registry.Mirrors {
+		for _, ep := range eps {
+			if !strings.HasPrefix(ep, "http://") && !strings.HasPrefix(ep, "https://") {
+				return fmt.Errorf("registry.mirrors.%q: endpoint %q must start with http:// or https://", host, ep)
+			}
 		}
 	}
 	if len(c.CNI.BinDirs) == 0 {

@@ -56,6 +56,12 @@ func TestLoad(t *testing.T) {
 		{name: "bad driver", file: "cgroup_driver = \"cgroupv3\"\n", wantErr: "cgroup_driver"},
 		{name: "default handler missing", file: "default_runtime_handler = \"nope\"\n", wantErr: "default_runtime_handler \"nope\""},
 		{name: "bad subnet", file: "[cni]\ndefault_subnet = \"10.1.2\"\n", wantErr: "cni.default_subnet"},
+		{name: "mirrors", file: "[registry]\ninsecure = [\"reg:5000\"]\n[registry.mirrors]\n\"docker.io\" = [\"http://127.0.0.1:5001\"]\n", check: func(t *testing.T, c Config) {
+			if c.Registry.Mirrors["docker.io"][0] != "http://127.0.0.1:5001" || c.Registry.Insecure[0] != "reg:5000" || c.Registry.MaxConcurrentDownloads != 3 {
+				t.Errorf("registry = %+v", c.Registry)
+			}
+		}},
+		{name: "bad mirror", file: "[registry.mirrors]\n\"docker.io\" = [\"mirror.example\"]\n", wantErr: "must start with http"},
 		{name: "syntax", file: "socket = \n", wantErr: "parse config"},
 	}
 	for _, tc := range cases {
