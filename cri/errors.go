@@ -33,6 +33,14 @@ func toStatus(err error) error {
 		code = codes.Unavailable
 	case errdefs.IsNotImplemented(err):
 		code = codes.Unimplemented
+	case errdefs.IsUnauthorized(err):
+		code = codes.Unauthenticated
+	case errdefs.IsPermissionDenied(err):
+		code = codes.PermissionDenied
+	case errdefs.IsDataLoss(err):
+		code = codes.DataLoss
+	case errdefs.IsResourceExhausted(err):
+		code = codes.ResourceExhausted
 	case errors.Is(err, context.DeadlineExceeded), errdefs.IsDeadlineExceeded(err):
 		code = codes.DeadlineExceeded
 	case errors.Is(err, context.Canceled), errdefs.IsCanceled(err):

@@ -14,6 +14,7 @@ import (
 
 	"github.com/crisp-runtime/crisp/config"
 	"github.com/crisp-runtime/crisp/controller"
+	"github.com/crisp-runtime/crisp/image"
 	"github.com/crisp-runtime/crisp/network"
 	"github.com/crisp-runtime/crisp/store"
 	"github.com/crisp-runtime/crisp/version"
@@ -28,12 +29,13 @@ type Service struct {
 	runtime.UnimplementedRuntimeServiceServer
 	runtime.UnimplementedImageServiceServer
 
-	cfg   config.Config
-	store *store.Store
-	ctrl  *controller.Controller
-	net   *network.Manager
-	log   *slog.Logger
-	names *nameIndex
+	cfg    config.Config
+	store  *store.Store
+	ctrl   *controller.Controller
+	net    *network.Manager
+	images *image.Service
+	log    *slog.Logger
+	names  *nameIndex
 
 	mu   sync.RWMutex
 	pods map[string]*pod
@@ -55,8 +57,8 @@ type podRecord struct {
 }
 
 // New returns the CRI service over a controller.
-func New(cfg config.Config, st *store.Store, ctrl *controller.Controller, net *network.Manager, log *slog.Logger) *Service {
-	return &Service{cfg: cfg, store: st, ctrl: ctrl, net: net, log: log, names: newNameIndex(), pods: map[string]*pod{}}
+func New(cfg config.Config, st *store.Store, ctrl *controller.Controller, net *network.Manager, images *image.Service, log *slog.Logger) *Service {
+	return &Service{cfg: cfg, store: st, ctrl: ctrl, net: net, images: images, log: log, names: newNameIndex(), pods: map[string]*pod{}}
 }
 
 // Recover loads the pods from the store after a restart. liveSandboxes are the ids the

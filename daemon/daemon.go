@@ -16,6 +16,8 @@ import (
 	"github.com/crisp-runtime/crisp/config"
 	"github.com/crisp-runtime/crisp/controller"
 	"github.com/crisp-runtime/crisp/cri"
+	"github.com/crisp-runtime/crisp/image"
+	"github.com/crisp-runtime/crisp/image/remote"
 	"github.com/crisp-runtime/crisp/network"
 	"github.com/crisp-runtime/crisp/store"
 	"github.com/crisp-runtime/crisp/version"
@@ -75,7 +77,19 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	svc := cri.New(cfg, st, ctrl, netMgr, log.With("component", "cri"))
+	images, err := image.New(image.Config{
+		Root: filepath.Join(cfg.RootDir, "images"),
+		Remote: remote.Config{
+			Mirrors:                cfg.Registry.Mirrors,
+			Insecure:               cfg.Registry.Insecure,
+			MaxConcurrentDownloads: cfg.Registry.MaxConcurrentDownloads,
+		},
+		Pinned: cfg.Image.Pinned,
+	}, st, log.With("component", "image"))
+	if err != nil {
+		return fmt.Errorf("open image store: %w", err)
+	}
+	svc := cri.New(cfg, st, ctrl, netMgr, images, log.With("component", "cri"))
 	if err := svc.Recover(ctx, live); err != nil {
 		return err
 	}

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
+	ggcrremote "github.com/google/go-containerregistry/pkg/v1/remote"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -349,4 +351,8 @@ func (e *env) status(ctx context.Context, id string) (*cri.PodSandboxStatus, pod
 		e.t.Fatalf("verbose info of %s: %v: %q", id, err, resp.Info["info"])
 	}
 	return resp.Status, info
+}
+
+func pushAuth(user, password string) ggcrremote.Option {
+	return ggcrremote.WithAuth(&authn.Basic{Username: user, Password: password})
 }

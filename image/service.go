@@ -1,0 +1,609 @@
+package image
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/distribution/reference"
+	digest "github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/crisp-runtime/crisp/image/content"
+	"github.com/crisp-runtime/crisp/image/remote"
+	"github.com/crisp-runtime/crisp/image/snapshot"
+	"github.com/crisp-runtime/crisp/store"
+)
+
+// Buckets of the metadata store.
+const (
+	imageBucket = "images"
+	refBucket   = "image-refs"
+)
+
+// maxConfigSize bounds an image config read into memory; real ones are a few KiB.
+const maxConfigSize = 8 << 20
+
+// Config configures the image store.
+type Config struct {
+	// Root holds content/ and snapshots/.
+	Root   string
+	Remote remote.Config
+	// Pinned references are reported pinned.
+	Pinned []string
+}
+
+// Image is one image in the store, identified by its config digest.
+type Image struct {
+	ID             string          `json:"id"`
+	RepoTags       []string        `json:"repo_tags"`
+	RepoDigests    []string        `json:"repo_digests"`
+	ManifestDigest digest.Digest   `json:"manifest_digest"`
+	IndexDigest    digest.Digest   `json:"index_digest,omitempty"`
+	Layers         []remote.Layer  `json:"layers"`
+	ChainIDs       []digest.Digest `json:"chain_ids"`
+	Size           int64           `json:"size"`
+	Config         json.RawMessage `json:"config"`
+	Pulled         time.Time       `json:"pulled"`
+}
+
+// Spec decodes the image's OCI config (entrypoint, env, user, ...).
+func (i *Image) Spec() (ocispec.Image, error) {
+	var spec ocispec.Image
+	if err := json.Unmarshal(i.Config, &spec); err != nil {
+		return spec, fmt.Errorf("decode config of image %s: %w", i.ID, err)
+	}
+	return spec, nil
+}
+
+// TopChainID is the snapshot a container's rootfs is prepared on; empty for an image
+// without layers.
+func (i *Image) TopChainID() digest.Digest {
+	if len(i.ChainIDs) == 0 {
+		return ""
+	}
+	return i.ChainIDs[len(i.ChainIDs)-1]
+}
+
+func (i *Image) clone() *Image {
+	c := *i
+	c.RepoTags = append([]string(nil), i.RepoTags...)
+	c.RepoDigests = append([]string(nil), i.RepoDigests...)
+	return &c
+}
+
+// Service is the image store. It is safe for concurrent use.
+type Service struct {
+	cfg     Config
+	store   *store.Store
+	content *content.Store
+	snaps   *snapshot.Snapshotter
+	puller  *remote.Puller
+	log     *slog.Logger
+	pinned  map[string]bool
+
+	// gcMu lets pulls run together but never while unreferenced content is freed, so
+	// a blob a pull has just written is never collected before its image is recorded.
+	gcMu sync.RWMutex
+
+	mu     sync.RWMutex
+	images map[string]*Image // by ID
+	refs   map[string]string // tag or digest reference -> ID
+}
+
+// New opens the image store under cfg.Root and loads its metadata.
+func New(cfg Config, st *store.Store, log *slog.Logger) (*Service, error) {
+	cs, err := content.Open(filepath.Join(cfg.Root, "content"))
+	if err != nil {
+		return nil, fmt.Errorf("open content store: %w", err)
+	}
+	snaps, err := snapshot.Open(filepath.Join(cfg.Root, "snapshots"), st)
+	if err != nil {
+		return nil, fmt.Errorf("open snapshotter: %w", err)
+	}
+	s := &Service{
+		cfg:     cfg,
+		store:   st,
+		content: cs,
+		snaps:   snaps,
+		puller:  remote.New(cfg.Remote, cs, log.With("component", "pull")),
+		log:     log,
+		pinned:  map[string]bool{},
+		images:  map[string]*Image{},
+		refs:    map[string]string{},
+	}
+	for _, p := range cfg.Pinned {
+		if named, err := remote.Normalize(p); err == nil {
+			s.pinned[named.String()] = true
+		} else {
+			s.pinned[p] = true
+		}
+	}
+	err = st.ForEach(imageBucket, func(id string, data []byte) error {
+		var img Image
+		if err := json.Unmarshal(data, &img); err != nil {
+			return fmt.Errorf("decode image %s: %w", id, err)
+		}
+		s.images[id] = &img
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("load images: %w", err)
+	}
+	err = st.ForEach(refBucket, func(ref string, data []byte) error {
+		var id string
+		if err := json.Unmarshal(data, &id); err != nil {
+			return fmt.Errorf("decode image ref %s: %w", ref, err)
+		}
+		s.refs[ref] = id
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("load image refs: %w", err)
+	}
+	return s, nil
+}
+
+// Pull fetches ref into the store, unpacks its layers and records it under the
+// reference it was pulled with. It returns the image.
+func (s *Service) Pull(ctx context.Context, ref string, auth *remote.Auth) (*Image, error) {
+	named, err := remote.Normalize(ref)
+	if err != nil {
+		return nil, err
+	}
+	name := named.String()
+	s.gcMu.RLock()
+	defer s.gcMu.RUnlock()
+
+	start := time.Now()
+	fetched, err := s.puller.Pull(ctx, name, auth)
+	if err != nil {
+		return nil, err
+	}
+	downloaded := time.Since(start)
+	cfgBytes, err := s.content.ReadAll(fetched.ConfigDigest, maxConfigSize)
+	if err != nil {
+		return nil, fmt.Errorf("pull %s: read config: %w", name, err)
+	}
+	var spec ocispec.Image
+	if err := json.Unmarshal(cfgBytes, &spec); err != nil {
+		return nil, fmt.Errorf("pull %s: decode image config: %w", name, err)
+	}
+	if len(spec.RootFS.DiffIDs) != len(fetched.Layers) {
+		return nil, fmt.Errorf("pull %s: config lists %d layers, manifest %d: %w", name, len(spec.RootFS.DiffIDs), len(fetched.Layers), errdefs.ErrInvalidArgument)
+	}
+	chain := chainIDs(spec.RootFS.DiffIDs)
+	for i, l := range fetched.Layers {
+		var parent digest.Digest
+		if i > 0 {
+			parent = chain[i-1]
+		}
+		if err := s.unpack(ctx, name, l, spec.RootFS.DiffIDs[i], chain[i], parent); err != nil {
+			return nil, err
+		}
+	}
+	size := int64(len(cfgBytes))
+	for _, l := range fetched.Layers {
+		size += l.Size
+	}
+	img := &Image{
+		ID:             fetched.ConfigDigest.String(),
+		ManifestDigest: fetched.ManifestDigest,
+		IndexDigest:    fetched.IndexDigest,
+		Layers:         fetched.Layers,
+		ChainIDs:       chain,
+		Size:           size,
+		Config:         cfgBytes,
+		Pulled:         time.Now(),
+	}
+	var refs []string
+	if t, ok := named.(reference.Tagged); ok {
+		// For tag@digest the tag is recorded without the digest, as kubelet lists it.
+		if tn, err := reference.WithTag(reference.TrimNamed(named), t.Tag()); err == nil {
+			refs = append(refs, tn.String())
+		}
+	}
+	if fetched.RepoDigest != "" {
+		refs = append(refs, fetched.RepoDigest)
+	}
+	out, err := s.record(img, refs)
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("image pulled", "ref", name, "id", img.ID, "size", size, "download", downloaded, "total", time.Since(start))
+	return out, nil
+}
+
+// unpack applies one layer as snapshot chainID, verifying that its uncompressed
+// content is the diff ID the config promises.
+func (s *Service) unpack(ctx context.Context, name string, l remote.Layer, diffID, chainID, parent digest.Digest) (retErr error) {
+	if _, err := s.snaps.Stat(chainID); err == nil {
+		return nil
+	}
+	blob, err := s.content.Open(l.Digest)
+	if err != nil {
+		return fmt.Errorf("pull %s: open layer %s: %w", name, l.Digest, err)
+	}
+	defer blob.Close()
+	raw, err := decompress(blob)
+	if err != nil {
+		return fmt.Errorf("pull %s: layer %s: %w", name, l.Digest, err)
+	}
+	defer raw.Close()
+	verifier := diffID.Algorithm().Digester()
+	tee := io.TeeReader(raw, verifier.Hash())
+	if _, err := s.snaps.Apply(ctx, chainID, parent, l.Digest.String(), tee); err != nil {
+		return fmt.Errorf("pull %s: unpack layer %s: %w", name, l.Digest, err)
+	}
+	defer func() {
+		if retErr != nil {
+			if err := s.snaps.Remove(chainID); err != nil {
+				s.log.Warn("remove snapshot of a bad layer", "chain_id", chainID, "err", err)
+			}
+		}
+	}()
+	// The tar end marker may come before the end of the stream: hash the rest too.
+	if _, err := io.Copy(io.Discard, tee); err != nil {
+		return fmt.Errorf("pull %s: read layer %s: %w", name, l.Digest, err)
+	}
+	if got := verifier.Digest(); got != diffID {
+		return fmt.Errorf("pull %s: layer %s uncompresses to %s, but the image config says %s: %w", name, l.Digest, got, diffID, errdefs.ErrDataLoss)
+	}
+	return nil
+}
+
+// chainIDs computes the OCI chain ID of every layer from the diff IDs.
+func chainIDs(diffIDs []digest.Digest) []digest.Digest {
+	out := make([]digest.Digest, len(diffIDs))
+	for i, d := range diffIDs {
+		if i == 0 {
+			out[i] = d
+			continue
+		}
+		sum := sha256.Sum256([]byte(out[i-1].String() + " " + d.String()))
+		out[i] = digest.NewDigestFromEncoded(digest.SHA256, hex.EncodeToString(sum[:]))
+	}
+	return out
+}
+
+// record stores img (merging with an image of the same ID) and points refs at it. A
+// tag that pointed at another image moves, as `docker pull` does.
+func (s *Service) record(img *Image, refs []string) (*Image, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cur, ok := s.images[img.ID]
+	if ok {
+		cur = cur.clone()
+		cur.Pulled = img.Pulled
+		if cur.IndexDigest == "" {
+			cur.IndexDigest = img.IndexDigest
+		}
+	} else {
+		cur = img
+	}
+	changed := map[string]*Image{}
+	for _, ref := range refs {
+		if old, ok := s.refs[ref]; ok && old != img.ID {
+			if prev := s.images[old]; prev != nil {
+				prev = prev.clone()
+				prev.RepoTags = without(prev.RepoTags, ref)
+				prev.RepoDigests = without(prev.RepoDigests, ref)
+				changed[old] = prev
+			}
+		}
+		if strings.Contains(ref, "@") {
+			cur.RepoDigests = appendUnique(cur.RepoDigests, ref)
+		} else {
+			cur.RepoTags = appendUnique(cur.RepoTags, ref)
+		}
+	}
+	changed[cur.ID] = cur
+	for id, im := range changed {
+		if err := s.store.Put(imageBucket, id, im); err != nil {
+			return nil, err
+		}
+	}
+	for _, ref := range refs {
+		if err := s.store.Put(refBucket, ref, cur.ID); err != nil {
+			return nil, err
+		}
+	}
+	for id, im := range changed {
+		s.images[id] = im
+	}
+	for _, ref := range refs {
+		s.refs[ref] = cur.ID
+	}
+	return cur.clone(), nil
+}
+
+func appendUnique(list []string, v string) []string {
+	for _, x := range list {
+		if x == v {
+			return list
+		}
+	}
+	return append(list, v)
+}
+
+func without(list []string, v string) []string {
+	out := list[:0:0]
+	for _, x := range list {
+		if x != v {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// Get finds an image by ID (with or without "sha256:", or a unique prefix of at least
+// 12 hex digits), tag or digest reference. errdefs.ErrNotFound when there is none.
+func (s *Service) Get(ref string) (*Image, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	img, _, err := s.resolveLocked(ref)
+	if err != nil {
+		return nil, err
+	}
+	return img.clone(), nil
+}
+
+// resolveLocked returns the image and the reference key that matched ("" for an ID).
+func (s *Service) resolveLocked(ref string) (*Image, string, error) {
+	if ref == "" {
+		return nil, "", fmt.Errorf("image reference is empty: %w", errdefs.ErrInvalidArgument)
+	}
+	id := ref
+	if !strings.HasPrefix(id, "sha256:") && isHex(id) && len(id) >= 12 {
+		id = "sha256:" + id
+	}
+	if img, ok := s.images[id]; ok {
+		return img, "", nil
+	}
+	if strings.HasPrefix(id, "sha256:") && isHex(id[7:]) && len(id) >= 7+12 {
+		var found *Image
+		for iid, img := range s.images {
+			if strings.HasPrefix(iid, id) {
+				if found != nil {
+					return nil, "", fmt.Errorf("image id prefix %q is ambiguous: %w", ref, errdefs.ErrInvalidArgument)
+				}
+				found = img
+			}
+		}
+		if found != nil {
+			return found, "", nil
+		}
+		return nil, "", fmt.Errorf("image %q: %w", ref, errdefs.ErrNotFound)
+	}
+	named, err := remote.Normalize(ref)
+	if err != nil {
+		return nil, "", err
+	}
+	keys := []string{named.String()}
+	if c, ok := named.(reference.Canonical); ok {
+		// tag@digest: the digest decides.
+		if d, err := reference.WithDigest(reference.TrimNamed(named), c.Digest()); err == nil {
+			keys = []string{d.String()}
+		}
+	}
+	for _, k := range keys {
+		if id, ok := s.refs[k]; ok {
+			if img := s.images[id]; img != nil {
+				return img, k, nil
+			}
+		}
+	}
+	// A digest reference may name the platform manifest rather than the index.
+	if c, ok := named.(reference.Canonical); ok {
+		for _, img := range s.images {
+			if img.ManifestDigest == c.Digest() || img.IndexDigest == c.Digest() {
+				return img, "", nil
+			}
+		}
+	}
+	return nil, "", fmt.Errorf("image %q: %w", ref, errdefs.ErrNotFound)
+}
+
+func isHex(s string) bool {
+	for _, c := range s {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// List returns every image, oldest pull first.
+func (s *Service) List() []*Image {
+	s.mu.RLock()
+	out := make([]*Image, 0, len(s.images))
+	for _, img := range s.images {
+		out = append(out, img.clone())
+	}
+	s.mu.RUnlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Pulled.Before(out[j].Pulled) })
+	return out
+}
+
+// Pinned reports whether kubelet's image GC must leave img alone.
+func (s *Service) Pinned(img *Image) bool {
+	if s.pinned[img.ID] {
+		return true
+	}
+	for _, r := range append(append([]string{}, img.RepoTags...), img.RepoDigests...) {
+		if s.pinned[r] {
+			return true
+		}
+	}
+	return false
+}
+
+// Remove removes ref: a tag of an image with other tags only loses that tag; anything
+// else removes the image, and blobs and snapshots no image needs any more are freed.
+// An unknown image is not an error.
+func (s *Service) Remove(ctx context.Context, ref string) error {
+	s.gcMu.Lock()
+	defer s.gcMu.Unlock()
+	s.mu.Lock()
+	img, key, err := s.resolveLocked(ref)
+	if errdefs.IsNotFound(err) {
+		s.mu.Unlock()
+		return nil
+	}
+	if err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	if key != "" && !strings.Contains(key, "@") && len(img.RepoTags) > 1 {
+		next := img.clone()
+		next.RepoTags = without(next.RepoTags, key)
+		err := s.store.Put(imageBucket, img.ID, next)
+		if err == nil {
+			err = s.store.Delete(refBucket, key)
+		}
+		if err == nil {
+			s.images[img.ID] = next
+			delete(s.refs, key)
+		}
+		s.mu.Unlock()
+		return err
+	}
+	for r, id := range s.refs {
+		if id == img.ID {
+			if err := s.store.Delete(refBucket, r); err != nil {
+				s.mu.Unlock()
+				return err
+			}
+			delete(s.refs, r)
+		}
+	}
+	if err := s.store.Delete(imageBucket, img.ID); err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	delete(s.images, img.ID)
+	s.mu.Unlock()
+	s.log.Info("image removed", "id", img.ID, "ref", ref)
+	return s.gcLocked(ctx)
+}
+
+// gcLocked frees blobs and snapshots no image references; gcMu must be held.
+func (s *Service) gcLocked(ctx context.Context) error {
+	s.mu.RLock()
+	blobs := map[digest.Digest]bool{}
+	chains := map[digest.Digest]bool{}
+	for _, img := range s.images {
+		blobs[digest.Digest(img.ID)] = true
+		blobs[img.ManifestDigest] = true
+		if img.IndexDigest != "" {
+			blobs[img.IndexDigest] = true
+		}
+		for _, l := range img.Layers {
+			blobs[l.Digest] = true
+		}
+		for _, c := range img.ChainIDs {
+			chains[c] = true
+		}
+	}
+	s.mu.RUnlock()
+	var errs []error
+	err := s.content.Walk(func(d digest.Digest, _ int64) error {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if !blobs[d] {
+			if err := s.content.Delete(d); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		errs = append(errs, err)
+	}
+	// Snapshots go children first: repeat until a pass removes nothing.
+	for {
+		infos, err := s.snaps.List()
+		if err != nil {
+			errs = append(errs, err)
+			break
+		}
+		parents := map[digest.Digest]bool{}
+		for _, in := range infos {
+			if in.Parent != "" {
+				parents[in.Parent] = true
+			}
+		}
+		removed := 0
+		for _, in := range infos {
+			if chains[in.ChainID] || parents[in.ChainID] {
+				continue
+			}
+			if err := s.snaps.Remove(in.ChainID); err != nil {
+				if !errdefs.IsFailedPrecondition(err) {
+					errs = append(errs, err)
+				}
+				continue
+			}
+			removed++
+		}
+		if removed == 0 {
+			break
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// FsInfo reports the image filesystem: its mount point and what the store uses on it.
+func (s *Service) FsInfo() (mountpoint string, bytes, inodes int64, err error) {
+	cb, ci, err := s.content.Usage()
+	if err != nil {
+		return "", 0, 0, err
+	}
+	sb, si, err := s.snaps.Usage()
+	if err != nil {
+		return "", 0, 0, err
+	}
+	return mountPointOf(s.cfg.Root), cb + sb, ci + si, nil
+}
+
+// PrepareRootfs creates the writable snapshot key on top of image's layers and returns
+// how to mount it.
+func (s *Service) PrepareRootfs(key string, img *Image) ([]snapshot.Mount, error) {
+	return s.snaps.Prepare(key, img.TopChainID())
+}
+
+// RemoveRootfs removes the writable snapshot key; unknown keys are not an error.
+func (s *Service) RemoveRootfs(key string) error { return s.snaps.RemoveActive(key) }
+
+// mountPointOf returns the mount point of the filesystem holding path.
+func mountPointOf(path string) string {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return path
+	}
+	best := "/"
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		mp := f[4]
+		if (path == mp || strings.HasPrefix(path, strings.TrimSuffix(mp, "/")+"/")) && len(mp) > len(best) {
+			best = mp
+		}
+	}
+	return best
+}

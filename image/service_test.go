@@ -1,0 +1,362 @@
+package image
+
+import (
+	"context"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	ggcrremote "github.com/google/go-containerregistry/pkg/v1/remote"
+	digest "github.com/opencontainers/go-digest"
+
+	"github.com/crisp-runtime/crisp/image/imagetest"
+	"github.com/crisp-runtime/crisp/image/remote"
+	"github.com/crisp-runtime/crisp/mount"
+	"github.com/crisp-runtime/crisp/store"
+)
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("unpacking layers and mounting overlays needs root")
+	}
+}
+
+type fixture struct {
+	t    *testing.T
+	root string
+	db   *store.Store
+	svc  *Service
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	needRoot(t)
+	root := t.TempDir()
+	f := &fixture{t: t, root: root}
+	f.open()
+	t.Cleanup(func() { f.db.Close() })
+	return f
+}
+
+// open (re)opens the store and service, as a criserver restart does.
+func (f *fixture) open() {
+	f.t.Helper()
+	if f.db != nil {
+		f.db.Close()
+	}
+	db, err := store.Open(filepath.Join(f.root, "meta.db"))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.db = db
+	svc, err := New(Config{Root: filepath.Join(f.root, "images")}, db, slog.New(slog.DiscardHandler))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.svc = svc
+}
+
+// tree mounts the image's rootfs and returns every path in it with a short
+// description (type, and content for small files).
+func (f *fixture) tree(img *Image) map[string]string {
+	f.t.Helper()
+	key := "tree-" + strings.TrimPrefix(img.ID, "sha256:")[:12]
+	ms, err := f.svc.PrepareRootfs(key, img)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer f.svc.RemoveRootfs(key)
+	target := f.t.TempDir()
+	var mms []mount.Mount
+	for _, m := range ms {
+		mms = append(mms, mount.Mount{Type: m.Type, Source: m.Source, Options: m.Options})
+	}
+	if err := mount.All(mms, target); err != nil {
+		f.t.Fatal(err)
+	}
+	defer mount.Unmount(target)
+	out := map[string]string{}
+	err = filepath.WalkDir(target, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(target, p)
+		if rel == "." {
+			return nil
+		}
+		switch {
+		case d.Type()&fs.ModeSymlink != 0:
+			l, _ := os.Readlink(p)
+			out[rel] = "-> " + l
+		case d.IsDir():
+			out[rel] = "dir"
+		default:
+			data, _ := os.ReadFile(p)
+			if len(data) > 64 {
+				out[rel] = "big"
+			} else {
+				out[rel] = string(data)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return out
+}
+
+func TestPullUnpacksExactRootfs(t *testing.T) {
+	f := newFixture(t)
+	host := imagetest.StartRegistry(t)
+	for _, tc := range []struct {
+		name   string
+		format imagetest.Format
+		comps  [3]imagetest.Compression
+	}{
+		{"oci", imagetest.OCI, [3]imagetest.Compression{imagetest.Gzip, imagetest.Zstd, imagetest.Uncompressed}},
+		{"docker", imagetest.Docker, [3]imagetest.Compression{imagetest.Gzip, imagetest.Gzip, imagetest.Uncompressed}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			img := imagetest.NewImage(t, imagetest.ImageOptions{Format: tc.format, Config: v1.Config{User: "1000:1000", Cmd: []string{"/bin/sh"}}},
+				imagetest.NewLayer(t, tc.format, tc.comps[0],
+					imagetest.Dir("etc"), imagetest.File("etc/removeme", "gone"), imagetest.File("etc/keep", "kept"),
+					imagetest.Dir("data"), imagetest.Dir("data/old"), imagetest.File("data/old/a", "a"), imagetest.File("data/old/b", "b"),
+					imagetest.Symlink("link", "etc/keep"), imagetest.Hardlink("etc/hard", "etc/keep")),
+				imagetest.NewLayer(t, tc.format, tc.comps[1],
+					imagetest.Whiteout("etc/removeme"), imagetest.Opaque("data/old"), imagetest.File("data/old/c", "c")),
+				imagetest.NewLayer(t, tc.format, tc.comps[2], imagetest.File("etc/keep", "changed")),
+			)
+			ref := host + "/exact/" + tc.name + ":v1"
+			imagetest.Push(t, host, strings.TrimPrefix(ref, host+"/"), img)
+			got, err := f.svc.Pull(context.Background(), ref, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.ID != imagetest.ConfigDigest(t, img).String() {
+				t.Errorf("ID %s, want the config digest %s", got.ID, imagetest.ConfigDigest(t, img))
+			}
+			want := map[string]string{
+				"etc": "dir", "etc/keep": "changed", "etc/hard": "kept", "link": "-> etc/keep",
+				"data": "dir", "data/old": "dir", "data/old/c": "c",
+			}
+			tree := f.tree(got)
+			if !equalMaps(tree, want) {
+				t.Errorf("rootfs:\n got %v\nwant %v", tree, want)
+			}
+		})
+	}
+}
+
+func equalMaps(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func TestPullMultiPlatformPicksAmd64(t *testing.T) {
+	f := newFixture(t)
+	host := imagetest.StartRegistry(t)
+	idx, amd64, _ := imagetest.MultiPlatformIndex(t, imagetest.OCI)
+	imagetest.Push(t, host, "multi:latest", idx)
+	img, err := f.svc.Pull(context.Background(), host+"/multi", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img.ID != imagetest.ConfigDigest(t, amd64).String() {
+		t.Fatalf("pulled %s, want the amd64 image %s", img.ID, imagetest.ConfigDigest(t, amd64))
+	}
+	if tree := f.tree(img); tree["etc/arch"] != "amd64\n" {
+		t.Fatalf("etc/arch = %q", tree["etc/arch"])
+	}
+	idxDigest := imagetest.Digest(t, idx)
+	if len(img.RepoDigests) != 1 || !strings.HasSuffix(img.RepoDigests[0], "@"+idxDigest.String()) {
+		t.Errorf("repo digests %v, want the index digest %s", img.RepoDigests, idxDigest)
+	}
+	if len(img.RepoTags) != 1 || img.RepoTags[0] != host+"/multi:latest" {
+		t.Errorf("repo tags %v", img.RepoTags)
+	}
+	// By digest and by tag@digest resolve to the same image.
+	for _, ref := range []string{host + "/multi@" + idxDigest.String(), host + "/multi:latest@" + idxDigest.String()} {
+		again, err := f.svc.Pull(context.Background(), ref, nil)
+		if err != nil || again.ID != img.ID {
+			t.Errorf("pull %s: %v %v", ref, again, err)
+		}
+		if got, err := f.svc.Get(ref); err != nil || got.ID != img.ID {
+			t.Errorf("get %s: %v", ref, err)
+		}
+	}
+}
+
+func TestRemoveTagsImagesAndFrees(t *testing.T) {
+	f := newFixture(t)
+	host := imagetest.StartRegistry(t)
+	base := imagetest.NewLayer(t, imagetest.OCI, imagetest.Gzip, imagetest.File("base", "shared"))
+	one := imagetest.NewImage(t, imagetest.ImageOptions{}, base, imagetest.NewLayer(t, imagetest.OCI, imagetest.Gzip, imagetest.File("one", "1")))
+	two := imagetest.NewImage(t, imagetest.ImageOptions{}, base, imagetest.NewLayer(t, imagetest.OCI, imagetest.Gzip, imagetest.File("two", "2")))
+	imagetest.Push(t, host, "one:a", one)
+	imagetest.Push(t, host, "one:b", one)
+	imagetest.Push(t, host, "two:latest", two)
+	ctx := context.Background()
+	for _, ref := range []string{host + "/one:a", host + "/one:b", host + "/two:latest"} {
+		if _, err := f.svc.Pull(ctx, ref, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(f.svc.List()); n != 2 {
+		t.Fatalf("%d images, want 2 (one with two tags)", n)
+	}
+	snaps, _ := f.svc.snaps.List()
+	if len(snaps) != 3 {
+		t.Fatalf("%d snapshots, want 3 (the base layer shared)", len(snaps))
+	}
+	// Removing one of two tags keeps the image.
+	if err := f.svc.Remove(ctx, host+"/one:a"); err != nil {
+		t.Fatal(err)
+	}
+	img, err := f.svc.Get(host + "/one:b")
+	if err != nil || len(img.RepoTags) != 1 {
+		t.Fatalf("after removing one tag: %v %v", img, err)
+	}
+	if _, err := f.svc.Get(host + "/one:a"); err == nil {
+		t.Fatal("removed tag still resolves")
+	}
+	// A restart sees exactly the same.
+	f.open()
+	if n := len(f.svc.List()); n != 2 {
+		t.Fatalf("after restart: %d images", n)
+	}
+	// Removing the last tag removes the image; the shared base layer stays for two.
+	if err := f.svc.Remove(ctx, host+"/one:b"); err != nil {
+		t.Fatal(err)
+	}
+	snaps, _ = f.svc.snaps.List()
+	if len(snaps) != 2 {
+		t.Fatalf("%d snapshots after removing one, want 2", len(snaps))
+	}
+	blobsBefore := f.blobs()
+	twoImg, _ := f.svc.Get(host + "/two:latest")
+	if err := f.svc.Remove(ctx, twoImg.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.svc.Remove(ctx, twoImg.ID); err != nil {
+		t.Fatalf("removing a removed image: %v", err)
+	}
+	snaps, _ = f.svc.snaps.List()
+	if len(snaps) != 0 || len(f.blobs()) != 0 || len(f.svc.List()) != 0 {
+		t.Fatalf("left after removing every image: %d snapshots, blobs %v (had %d)", len(snaps), f.blobs(), len(blobsBefore))
+	}
+}
+
+func (f *fixture) blobs() []digest.Digest {
+	var out []digest.Digest
+	_ = f.svc.content.Walk(func(d digest.Digest, _ int64) error { out = append(out, d); return nil })
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+func TestConcurrentPullsDownloadOnce(t *testing.T) {
+	f := newFixture(t)
+	var counter imagetest.BlobCounter
+	host := imagetest.StartRegistry(t, imagetest.WithBlobCounter(&counter))
+	img := imagetest.BusyboxImage(t, imagetest.OCI, imagetest.Gzip)
+	imagetest.Push(t, host, "busybox:1", img)
+	var wg sync.WaitGroup
+	ids := make([]string, 10)
+	errs := make([]error, 10)
+	for i := range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got, err := f.svc.Pull(context.Background(), host+"/busybox:1", nil)
+			errs[i] = err
+			if err == nil {
+				ids[i] = got.ID
+			}
+		}()
+	}
+	wg.Wait()
+	for i := range 10 {
+		if errs[i] != nil || ids[i] != imagetest.ConfigDigest(t, img).String() {
+			t.Fatalf("pull %d: %v %s", i, errs[i], ids[i])
+		}
+	}
+	for d, n := range counter.Counts() {
+		if n != 1 {
+			t.Errorf("blob %s downloaded %d times", d, n)
+		}
+	}
+	if tree := f.tree(f.svc.List()[0]); tree["bin/busybox"] != "big" || tree["bin/sh"] != "-> busybox" {
+		t.Errorf("busybox rootfs: busybox %q sh %q", tree["bin/busybox"], tree["bin/sh"])
+	}
+}
+
+func TestBadBlobsLeaveNothing(t *testing.T) {
+	f := newFixture(t)
+	img := imagetest.BusyboxImage(t, imagetest.OCI, imagetest.Gzip)
+	layer := imagetest.LayerDigests(t, img)[0]
+	for _, tc := range []struct {
+		name string
+		opt  imagetest.RegistryOption
+	}{
+		{"tampered", imagetest.WithTamperedBlobs(imagetest.Blobs(layer))},
+		{"truncated", imagetest.WithTruncatedBlobs(imagetest.Blobs(layer), 1000)},
+		{"dying", imagetest.WithDyingBlobs(imagetest.Blobs(layer), 1000)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bad := imagetest.StartRegistry(t, tc.opt)
+			imagetest.Push(t, bad, "busybox:1", img)
+			if _, err := f.svc.Pull(context.Background(), bad+"/busybox:1", nil); err == nil {
+				t.Fatal("pull of a bad blob succeeded")
+			} else if !strings.Contains(err.Error(), layer.Encoded()[:12]) {
+				t.Errorf("error does not name the layer: %v", err)
+			}
+			snaps, _ := f.svc.snaps.List()
+			if len(f.svc.List()) != 0 || len(snaps) != 0 {
+				t.Fatalf("a failed pull left images or snapshots")
+			}
+			for _, d := range f.blobs() {
+				if d == layer {
+					t.Fatalf("bad layer blob stored")
+				}
+			}
+			entries, _ := os.ReadDir(filepath.Join(f.root, "images", "content", "ingest"))
+			if len(entries) != 0 {
+				t.Fatalf("ingest files left: %d", len(entries))
+			}
+		})
+	}
+	good := imagetest.StartRegistry(t)
+	imagetest.Push(t, good, "busybox:1", img)
+	if _, err := f.svc.Pull(context.Background(), good+"/busybox:1", nil); err != nil {
+		t.Fatalf("pull after failures: %v", err)
+	}
+}
+
+func TestPullAuth(t *testing.T) {
+	f := newFixture(t)
+	host := imagetest.StartRegistry(t, imagetest.WithBasicAuth("alice", "s3cret"))
+	img := imagetest.NewImage(t, imagetest.ImageOptions{}, imagetest.NewLayer(t, imagetest.OCI, imagetest.Gzip, imagetest.File("x", "y")))
+	imagetest.Push(t, host, "private:1", img, ggcrremote.WithAuth(&authn.Basic{Username: "alice", Password: "s3cret"}))
+	_, err := f.svc.Pull(context.Background(), host+"/private:1", nil)
+	if err == nil || !strings.Contains(strings.ToLower(err.Error()), "credential") {
+		t.Fatalf("pull without credentials: %v", err)
+	}
+	if _, err := f.svc.Pull(context.Background(), host+"/private:1", &remote.Auth{Username: "alice", Password: "s3cret"}); err != nil {
+		t.Fatalf("pull with credentials: %v", err)
+	}
+}
