@@ -122,7 +122,7 @@ func (s *Snapshotter) beginApply(ctx context.Context, chainID, parent digest.Dig
 			}
 		}
 		var rec layerRecord
-		err := s.st.Get(layerBucket, chainID.String(), &rec)
+		err := s.get(layerBucket, chainID.String(), &rec)
 		if err == nil {
 			s.mu.Unlock()
 			return nil, s.info(chainID, rec), nil, nil

@@ -745,29 +745,34 @@ func TestManyLayers(t *testing.T) {
 	}
 }
 
-// BenchmarkApply50MB unpacks a ~50 MB layer of 1,000 files in 100 dirs.
+// BenchmarkApply50MB unpacks ~50 MB layers: many small files (file creation bound) and
+// a few large ones (bandwidth bound).
 func BenchmarkApply50MB(b *testing.B) {
-	f := newFixture(b, "")
-	var entries []entry
-	body := strings.Repeat("0123456789abcdef", 50<<10/16)
-	for d := range 100 {
-		entries = append(entries, dirE(fmt.Sprintf("d%d/", d), 0o755))
-		for i := range 10 {
-			entries = append(entries, fileE(fmt.Sprintf("d%d/f%d", d, i), body, 0o644))
-		}
-	}
-	data := layerTar(b, entries...)
-	b.SetBytes(int64(len(data)))
-	b.ResetTimer()
-	for i := range b.N {
-		c := digest.FromString(strconv.Itoa(i))
-		if _, err := f.s.Apply(context.Background(), c, "", "bench", bytes.NewReader(data)); err != nil {
-			b.Fatal(err)
-		}
-		b.StopTimer()
-		if err := f.s.Remove(c); err != nil {
-			b.Fatal(err)
-		}
-		b.StartTimer()
+	for _, shape := range []struct{ dirs, files, size int }{{100, 10, 50 << 10}, {2, 5, 5 << 20}} {
+		b.Run(fmt.Sprintf("%dx%dKiB", shape.dirs*shape.files, shape.size>>10), func(b *testing.B) {
+			f := newFixture(b, "")
+			var entries []entry
+			body := strings.Repeat("0123456789abcdef", shape.size/16)
+			for d := range shape.dirs {
+				entries = append(entries, dirE(fmt.Sprintf("d%d/", d), 0o755))
+				for i := range shape.files {
+					entries = append(entries, fileE(fmt.Sprintf("d%d/f%d", d, i), body, 0o644))
+				}
+			}
+			data := layerTar(b, entries...)
+			b.SetBytes(int64(len(data)))
+			b.ResetTimer()
+			for i := range b.N {
+				c := digest.FromString(strconv.Itoa(i))
+				if _, err := f.s.Apply(context.Background(), c, "", "bench", bytes.NewReader(data)); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				if err := f.s.Remove(c); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+			}
+		})
 	}
 }

@@ -193,7 +193,7 @@ func (s *Snapshotter) dir(id uint64) string {
 // Stat returns the layer snapshot chainID; errdefs.ErrNotFound when there is none.
 func (s *Snapshotter) Stat(chainID digest.Digest) (Info, error) {
 	var rec layerRecord
-	if err := s.st.Get(layerBucket, chainID.String(), &rec); err != nil {
+	if err := s.get(layerBucket, chainID.String(), &rec); err != nil {
 		return Info{}, fmt.Errorf("snapshot %s: %w", chainID, err)
 	}
 	return s.info(chainID, rec), nil
@@ -271,7 +271,7 @@ func (s *Snapshotter) userOfLocked(chainID digest.Digest) (string, error) {
 func (s *Snapshotter) Remove(chainID digest.Digest) error {
 	s.mu.Lock()
 	var rec layerRecord
-	if err := s.st.Get(layerBucket, chainID.String(), &rec); err != nil {
+	if err := s.get(layerBucket, chainID.String(), &rec); err != nil {
 		s.mu.Unlock()
 		if errdefs.IsNotFound(err) {
 			return nil
@@ -322,7 +322,7 @@ func (s *Snapshotter) chainLocked(chainID digest.Digest) ([]string, error) {
 	var dirs []string
 	for c := chainID; c != ""; {
 		var rec layerRecord
-		if err := s.st.Get(layerBucket, c.String(), &rec); err != nil {
+		if err := s.get(layerBucket, c.String(), &rec); err != nil {
 			if c != chainID {
 				return nil, fmt.Errorf("ancestor %s of snapshot %s: %w", c, chainID, err)
 			}
@@ -349,7 +349,7 @@ func (s *Snapshotter) Prepare(key string, parent digest.Digest) (_ []Mount, retE
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var existing activeRecord
-	err := s.st.Get(activeBucket, key, &existing)
+	err := s.get(activeBucket, key, &existing)
 	if err == nil {
 		return nil, fmt.Errorf("prepare snapshot %s: %w", key, errdefs.ErrAlreadyExists)
 	}
@@ -415,7 +415,7 @@ func (s *Snapshotter) Mounts(key string) ([]Mount, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var rec activeRecord
-	if err := s.st.Get(activeBucket, key, &rec); err != nil {
+	if err := s.get(activeBucket, key, &rec); err != nil {
 		return nil, fmt.Errorf("mounts of snapshot %s: %w", key, err)
 	}
 	var lowers []string
@@ -465,7 +465,7 @@ func (s *Snapshotter) mounts(dir string, lowers []string) ([]Mount, error) {
 func (s *Snapshotter) RemoveActive(key string) error {
 	s.mu.Lock()
 	var rec activeRecord
-	if err := s.st.Get(activeBucket, key, &rec); err != nil {
+	if err := s.get(activeBucket, key, &rec); err != nil {
 		s.mu.Unlock()
 		if errdefs.IsNotFound(err) {
 			return nil
@@ -622,4 +622,14 @@ func supportsIndex() bool {
 func exists(path string) bool {
 	_, err := os.Lstat(path)
 	return err == nil
+}
+
+// get reads a record. A missing one is a bare errdefs.ErrNotFound, for callers to name
+// in their own terms (the store's message would repeat the key).
+func (s *Snapshotter) get(bucket, key string, v any) error {
+	err := s.st.Get(bucket, key, v)
+	if errdefs.IsNotFound(err) {
+		return errdefs.ErrNotFound
+	}
+	return err
 }
