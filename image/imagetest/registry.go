@@ -84,6 +84,70 @@ func WithBasicAuth(user, password string) RegistryOption {
 	})
 }
 
+// TokenAuth configures WithTokenAuth.
+type TokenAuth struct {
+	// Username and Password are accepted by the token endpoint: as basic auth on GET
+	// (docker's token flow) or as grant_type=password on POST (OAuth2).
+	Username, Password string
+	// RefreshToken is accepted as an OAuth2 refresh token (grant_type=refresh_token):
+	// what docker and the CRI call an identity token.
+	RefreshToken string
+	// Token is the bearer token the endpoint issues and the only one the registry
+	// accepts; a client holding it already (a CRI registry token) needs no exchange.
+	Token string
+}
+
+// WithTokenAuth makes the registry require a bearer token, as Docker Hub and most
+// registries do: requests without "Authorization: Bearer <Token>" get a 401 whose
+// challenge names the token endpoint /token on the same server.
+func WithTokenAuth(a TokenAuth) RegistryOption {
+	issue := func(w http.ResponseWriter) {
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(map[string]any{
+			"token": a.Token, "access_token": a.Token, "refresh_token": a.RefreshToken, "expires_in": 300,
+		})
+	}
+	return WithMiddleware(func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/token" {
+				switch r.Method {
+				case http.MethodGet:
+					if u, p, ok := r.BasicAuth(); ok && u == a.Username && p == a.Password {
+						issue(w)
+						return
+					}
+				case http.MethodPost:
+					r.ParseForm()
+					switch r.PostForm.Get("grant_type") {
+					case "refresh_token":
+						if a.RefreshToken != "" && r.PostForm.Get("refresh_token") == a.RefreshToken {
+							issue(w)
+							return
+						}
+					case "password":
+						if r.PostForm.Get("username") == a.Username && r.PostForm.Get("password") == a.Password {
+							issue(w)
+							return
+						}
+					}
+				}
+				writeRegistryError(w, http.StatusUnauthorized, "UNAUTHORIZED", "bad credentials for the token endpoint")
+				return
+			}
+			if r.Header.Get("Authorization") != "Bearer "+a.Token {
+				scheme := "http"
+				if r.TLS != nil {
+					scheme = "https"
+				}
+				w.Header().Set("WWW-Authenticate", fmt.Sprintf(`Bearer realm="%s://%s/token",service="imagetest"`, scheme, r.Host))
+				writeRegistryError(w, http.StatusUnauthorized, "UNAUTHORIZED", "authentication required")
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	})
+}
+
 // WithErrorStatus answers every request that match accepts (all if match is nil)
 // with status and a registry error body, e.g. to play a broken mirror.
 func WithErrorStatus(status int, match func(*http.Request) bool) RegistryOption {

@@ -197,7 +197,7 @@ func (p *Puller) Pull(ctx context.Context, ref string, auth *Auth) (*Image, erro
 			if img.IndexDigest != "" {
 				img.RepoDigest = reference.TrimNamed(named).String() + "@" + img.IndexDigest.String()
 			}
-			p.log.Info("pulled image", "ref", name, "from", ep.display, "id", img.ConfigDigest,
+			p.log.Debug("fetched image", "ref", name, "from", ep.display, "id", img.ConfigDigest,
 				"blobs_downloaded", stats.blobs.Load(), "bytes_downloaded", stats.bytes.Load(), "duration", time.Since(start))
 			return img, nil
 		}
@@ -325,6 +325,9 @@ func (p *Puller) pullFrom(ctx context.Context, named reference.Named, ep endpoin
 
 	// The config comes first: its diff IDs must agree with the layers before
 	// anything large is downloaded.
+	if m.Config.Size > maxConfigSize {
+		return nil, fmt.Errorf("config %s: %d bytes is more than the %d allowed: %w", m.Config.Digest, m.Config.Size, maxConfigSize, errdefs.ErrOutOfRange)
+	}
 	if err := p.fetch(ctx, src, m.Config, stats); err != nil {
 		return nil, fmt.Errorf("fetch config %s: %w", m.Config.Digest, err)
 	}
@@ -339,6 +342,11 @@ func (p *Puller) pullFrom(ctx context.Context, named reference.Named, ep endpoin
 	if cfg.RootFS.Type != "layers" || len(cfg.RootFS.DiffIDs) != len(m.Layers) {
 		return nil, fmt.Errorf("config %s: rootfs has %d diff IDs (type %q) for %d layers: %w",
 			m.Config.Digest, len(cfg.RootFS.DiffIDs), cfg.RootFS.Type, len(m.Layers), errdefs.ErrInvalidArgument)
+	}
+	for _, d := range cfg.RootFS.DiffIDs {
+		if err := d.Validate(); err != nil {
+			return nil, fmt.Errorf("config %s: invalid diff ID %q: %w: %w", m.Config.Digest, d, err, errdefs.ErrInvalidArgument)
+		}
 	}
 	img.ConfigDigest = m.Config.Digest
 	img.Layers = make([]Layer, len(m.Layers))

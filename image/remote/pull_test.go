@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -294,6 +296,7 @@ func TestPullNotFound(t *testing.T) {
 	p, cs := newPuller(t, Config{})
 	for _, ref := range []string{host + "/present:v2", host + "/absent:v1"} {
 		_, err := p.Pull(context.Background(), ref, nil)
+		t.Log(err)
 		if !errdefs.IsNotFound(err) {
 			t.Errorf("pull %s = %v, want NotFound", ref, err)
 			continue
@@ -323,6 +326,7 @@ func TestPullBasicAuth(t *testing.T) {
 			t.Fatalf("pull without credentials = %v, want Unauthenticated", err)
 		}
 		msg := err.Error()
+		t.Log(msg)
 		if !strings.Contains(msg, "registry "+host) || !strings.Contains(msg, "requires credentials and none were given") {
 			t.Errorf("unclear message: %s", msg)
 		}
@@ -333,6 +337,7 @@ func TestPullBasicAuth(t *testing.T) {
 	t.Run("wrong password", func(t *testing.T) {
 		p, _ := newPuller(t, Config{})
 		_, err := p.Pull(context.Background(), ref, &Auth{Username: "alice", Password: "wrong"})
+		t.Log(err)
 		if !errdefs.IsUnauthorized(err) || !strings.Contains(err.Error(), "rejected the credentials") {
 			t.Fatalf("pull with a wrong password = %v, want Unauthenticated saying the credentials were rejected", err)
 		}
@@ -381,6 +386,86 @@ func TestPullBasicAuth(t *testing.T) {
 	})
 }
 
+func TestPullTokenAuth(t *testing.T) {
+	ta := imagetest.TokenAuth{Username: "bob", Password: "hunter2", RefreshToken: "refresh-123", Token: "bearer-xyz"}
+	host := imagetest.StartRegistry(t, imagetest.WithTokenAuth(ta))
+	img := imagetest.BuildImage(t, twoLayerEntries()...)
+	imagetest.Push(t, host, "private/app:v1", img, ggcrremote.WithAuth(&authn.Basic{Username: "bob", Password: "hunter2"}))
+	ref := host + "/private/app:v1"
+
+	for name, auth := range map[string]*Auth{
+		"username and password": {Username: "bob", Password: "hunter2"},
+		"auth field":            {Auth: "Ym9iOmh1bnRlcjI="}, // base64("bob:hunter2")
+		"identity token":        {IdentityToken: "refresh-123"},
+		"registry token":        {RegistryToken: "bearer-xyz"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			p, cs := newPuller(t, Config{})
+			got, err := p.Pull(context.Background(), ref, auth)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkPulled(t, cs, got, img)
+		})
+	}
+	for name, auth := range map[string]*Auth{
+		"no credentials": nil,
+		"wrong password": {Username: "bob", Password: "nope"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			p, _ := newPuller(t, Config{})
+			_, err := p.Pull(context.Background(), ref, auth)
+			t.Log(err)
+			if !errdefs.IsUnauthorized(err) || !strings.Contains(err.Error(), "registry "+host) {
+				t.Fatalf("pull = %v, want Unauthenticated naming the registry", err)
+			}
+		})
+	}
+}
+
+// TestMaxConcurrentDownloads checks that one pull has at most
+// MaxConcurrentDownloads blob downloads in flight, and uses them all.
+func TestMaxConcurrentDownloads(t *testing.T) {
+	var mu sync.Mutex
+	inFlight, peak := 0, 0
+	slow := imagetest.WithMiddleware(func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/blobs/sha256:") {
+				mu.Lock()
+				inFlight++
+				peak = max(peak, inFlight)
+				mu.Unlock()
+				time.Sleep(50 * time.Millisecond)
+				defer func() { mu.Lock(); inFlight--; mu.Unlock() }()
+			}
+			next.ServeHTTP(w, r)
+		})
+	})
+	host := imagetest.StartRegistry(t, slow)
+	var layers []v1.Layer
+	for i := range 8 {
+		layers = append(layers, imagetest.NewLayer(t, imagetest.OCI, imagetest.Gzip, imagetest.File("f", fmt.Sprint(i))))
+	}
+	img := imagetest.NewImage(t, imagetest.ImageOptions{}, layers...)
+	imagetest.Push(t, host, "many:v1", img)
+	for _, limit := range []int{1, 3} {
+		mu.Lock()
+		peak = 0
+		mu.Unlock()
+		p, cs := newPuller(t, Config{MaxConcurrentDownloads: limit})
+		got, err := p.Pull(context.Background(), host+"/many:v1", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkPulled(t, cs, got, img)
+		mu.Lock()
+		if peak != limit {
+			t.Errorf("MaxConcurrentDownloads %d: %d downloads at once at most", limit, peak)
+		}
+		mu.Unlock()
+	}
+}
+
 // TestPullBadBlob checks that a blob the registry corrupts is refused with a clear
 // error, leaves the store with only verified blobs and no ingest file, and does not
 // stop the next pull from a healthy registry.
@@ -410,6 +495,7 @@ func TestPullBadBlob(t *testing.T) {
 				t.Fatal("pull of a corrupted blob succeeded")
 			}
 			msg := err.Error()
+			t.Log(msg)
 			prefix := fmt.Sprintf("pull %s/app:v1: fetch layer %s: ", host, bad)
 			if !strings.HasPrefix(msg, prefix) || !strings.Contains(msg, tc.want) {
 				t.Errorf("error %q: want it to start with %q and say %q", msg, prefix, tc.want)
@@ -524,6 +610,7 @@ func TestMirrors(t *testing.T) {
 	t.Run("all fail", func(t *testing.T) {
 		p, _ := newPuller(t, Config{Mirrors: map[string][]string{upstream: {"http://127.0.0.1:1"}}})
 		_, err := p.Pull(context.Background(), upstream+"/team/missing:v1", nil)
+		t.Log(err)
 		if !errdefs.IsNotFound(err) || !strings.Contains(err.Error(), "mirror http://127.0.0.1:1") {
 			t.Errorf("error %v: want the registry's NotFound, mentioning the mirror's failure", err)
 		}
@@ -613,6 +700,16 @@ func TestCancelMidDownload(t *testing.T) {
 		t.Errorf("%d downloads still registered", n)
 	}
 	p.flights.mu.Unlock()
+	// Nothing of the pull may still run: no goroutine in the puller's code (idle
+	// HTTP connections of the transport do not count).
+	buf := make([]byte, 1<<20)
+	stacks := string(buf[:runtime.Stack(buf, true)])
+	for _, g := range strings.Split(stacks, "\n\n") {
+		if strings.Contains(g, "image/remote.(*Puller)") || strings.Contains(g, "image/remote.(*flightGroup)") ||
+			strings.Contains(g, "image/content.(*Store)") {
+			t.Errorf("goroutine left behind by a cancelled pull:\n%s", g)
+		}
+	}
 
 	// Two pulls share one download: cancelling one leaves the other's running.
 	ctx1, cancel1 := context.WithCancel(context.Background())
