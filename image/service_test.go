@@ -1,7 +1,10 @@
 package image
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -10,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -358,5 +362,107 @@ func TestPullAuth(t *testing.T) {
 	}
 	if _, err := f.svc.Pull(context.Background(), host+"/private:1", &remote.Auth{Username: "alice", Password: "s3cret"}); err != nil {
 		t.Fatalf("pull with credentials: %v", err)
+	}
+}
+
+// rawTar builds a tar stream with headers exactly as given, for layers no honest
+// builder would make.
+func rawTar(t *testing.T, hdrs ...*tar.Header) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, h := range hdrs {
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if h.Typeflag == tar.TypeReg {
+			if _, err := tw.Write(make([]byte, h.Size)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func TestPullRefusesMaliciousLayers(t *testing.T) {
+	f := newFixture(t)
+	host := imagetest.StartRegistry(t)
+	outside := t.TempDir()
+	passwd, err := os.Stat("/etc/passwd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name  string
+		entry string
+		tar   []byte
+	}{
+		{"dotdot", "escape", rawTar(t, &tar.Header{Name: "../../../../" + outside + "/escape", Typeflag: tar.TypeReg, Mode: 0o644, Size: 4})},
+		{"absolute", "evil", rawTar(t, &tar.Header{Name: outside + "/evil", Typeflag: tar.TypeReg, Mode: 0o644, Size: 4})},
+		{"symlink then write", "link", rawTar(t,
+			&tar.Header{Name: "link", Typeflag: tar.TypeSymlink, Linkname: outside, Mode: 0o777},
+			&tar.Header{Name: "link/planted", Typeflag: tar.TypeReg, Mode: 0o644, Size: 4})},
+		{"hardlink to host passwd", "pw", rawTar(t, &tar.Header{Name: "pw", Typeflag: tar.TypeLink, Linkname: "/etc/passwd"})},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			img := imagetest.NewImage(t, imagetest.ImageOptions{},
+				imagetest.NewLayer(t, imagetest.OCI, imagetest.Gzip, imagetest.File("ok", "fine")),
+				imagetest.LayerFromTar(t, imagetest.OCI, imagetest.Gzip, tc.tar))
+			ref := fmt.Sprintf("evil/%d:1", i)
+			imagetest.Push(t, host, ref, img)
+			_, err := f.svc.Pull(context.Background(), host+"/"+ref, nil)
+			if err == nil {
+				t.Fatal("malicious layer was accepted")
+			}
+			bad := imagetest.LayerDigests(t, img)[1]
+			if !strings.Contains(err.Error(), bad.String()) || !strings.Contains(err.Error(), tc.entry) {
+				t.Errorf("error names neither layer %s nor entry %q: %v", bad, tc.entry, err)
+			}
+			if entries, _ := os.ReadDir(outside); len(entries) != 0 {
+				t.Fatalf("files written outside the snapshot: %v", entries)
+			}
+			if now, err := os.Stat("/etc/passwd"); err != nil || now.ModTime() != passwd.ModTime() || now.Size() != passwd.Size() {
+				t.Fatalf("/etc/passwd changed")
+			}
+			if len(f.svc.List()) != 0 {
+				t.Fatalf("image recorded")
+			}
+		})
+	}
+	// The good lower layer may stay as a snapshot for a later pull; GC of a removal
+	// frees it. Nothing of the bad layers is kept.
+	snaps, _ := f.svc.snaps.List()
+	if len(snaps) > 1 {
+		t.Fatalf("%d snapshots left, want at most the shared good layer", len(snaps))
+	}
+}
+
+// TestPullLargeImageTiming pulls and unpacks a ~50 MB, 5-layer image from the local
+// registry and logs how long it takes (go test -v).
+func TestPullLargeImageTiming(t *testing.T) {
+	f := newFixture(t)
+	host := imagetest.StartRegistry(t)
+	var layers []v1.Layer
+	for i := range 5 {
+		entries := []imagetest.TarEntry{imagetest.Dir(fmt.Sprintf("l%d", i))}
+		for j := range 100 {
+			entries = append(entries, imagetest.RandomFile(fmt.Sprintf("l%d/f%d", i, j), 100<<10, uint64(i*1000+j)))
+		}
+		layers = append(layers, imagetest.NewLayer(t, imagetest.OCI, imagetest.Gzip, entries...))
+	}
+	img := imagetest.NewImage(t, imagetest.ImageOptions{}, layers...)
+	imagetest.Push(t, host, "large:1", img)
+	start := time.Now()
+	got, err := f.svc.Pull(context.Background(), host+"/large:1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("pull+unpack of a %.1f MB image in 5 layers (500 files): %v", float64(got.Size)/1e6, time.Since(start))
+	if got.Size < 50e6 {
+		t.Errorf("image is %d bytes, want ~50 MB", got.Size)
 	}
 }
