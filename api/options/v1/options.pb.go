@@ -196,6 +196,154 @@ func (x *SandboxOptions) GetUts() NamespaceMode {
 	return NamespaceMode_POD
 }
 
+// ContainerOptions rides in CreateTaskRequest.options for a CRI container.
+type ContainerOptions struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// log_path is the CRI log file the shim writes the container's stdout and stderr to,
+	// in the CRI log format; empty discards the output.
+	LogPath string `protobuf:"bytes,1,opt,name=log_path,json=logPath,proto3" json:"log_path,omitempty"`
+	// log_max_line is the longest log line before it is split with the P tag; 0 = 16 KiB.
+	LogMaxLine uint32 `protobuf:"varint,2,opt,name=log_max_line,json=logMaxLine,proto3" json:"log_max_line,omitempty"`
+	// sandbox_id is the pod the container belongs to.
+	SandboxId     string `protobuf:"bytes,3,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerOptions) Reset() {
+	*x = ContainerOptions{}
+	mi := &file_api_options_v1_options_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerOptions) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerOptions) ProtoMessage() {}
+
+func (x *ContainerOptions) ProtoReflect() protoreflect.Message {
+	mi := &file_api_options_v1_options_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerOptions.ProtoReflect.Descriptor instead.
+func (*ContainerOptions) Descriptor() ([]byte, []int) {
+	return file_api_options_v1_options_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ContainerOptions) GetLogPath() string {
+	if x != nil {
+		return x.LogPath
+	}
+	return ""
+}
+
+func (x *ContainerOptions) GetLogMaxLine() uint32 {
+	if x != nil {
+		return x.LogMaxLine
+	}
+	return 0
+}
+
+func (x *ContainerOptions) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+// ReopenLogRequest asks the shim to reopen a container's log file after kubelet
+// rotated it. Served as crisp.shim.v1.Logs/Reopen on the shim's ttrpc socket.
+type ReopenLogRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReopenLogRequest) Reset() {
+	*x = ReopenLogRequest{}
+	mi := &file_api_options_v1_options_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReopenLogRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReopenLogRequest) ProtoMessage() {}
+
+func (x *ReopenLogRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_options_v1_options_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReopenLogRequest.ProtoReflect.Descriptor instead.
+func (*ReopenLogRequest) Descriptor() ([]byte, []int) {
+	return file_api_options_v1_options_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ReopenLogRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+// ReopenLogResponse is empty.
+type ReopenLogResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReopenLogResponse) Reset() {
+	*x = ReopenLogResponse{}
+	mi := &file_api_options_v1_options_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReopenLogResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReopenLogResponse) ProtoMessage() {}
+
+func (x *ReopenLogResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_options_v1_options_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReopenLogResponse.ProtoReflect.Descriptor instead.
+func (*ReopenLogResponse) Descriptor() ([]byte, []int) {
+	return file_api_options_v1_options_proto_rawDescGZIP(), []int{3}
+}
+
 var File_api_options_v1_options_proto protoreflect.FileDescriptor
 
 const file_api_options_v1_options_proto_rawDesc = "" +
@@ -213,7 +361,16 @@ const file_api_options_v1_options_proto_rawDesc = "" +
 	"\x03uts\x18\t \x01(\x0e2\x1f.crisp.options.v1.NamespaceModeR\x03uts\x1a:\n" +
 	"\fSysctlsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*1\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"n\n" +
+	"\x10ContainerOptions\x12\x19\n" +
+	"\blog_path\x18\x01 \x01(\tR\alogPath\x12 \n" +
+	"\flog_max_line\x18\x02 \x01(\rR\n" +
+	"logMaxLine\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x03 \x01(\tR\tsandboxId\"5\n" +
+	"\x10ReopenLogRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\"\x13\n" +
+	"\x11ReopenLogResponse*1\n" +
 	"\rNamespaceMode\x12\a\n" +
 	"\x03POD\x10\x00\x12\r\n" +
 	"\tCONTAINER\x10\x01\x12\b\n" +
@@ -232,17 +389,20 @@ func file_api_options_v1_options_proto_rawDescGZIP() []byte {
 }
 
 var file_api_options_v1_options_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_options_v1_options_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_api_options_v1_options_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_api_options_v1_options_proto_goTypes = []any{
-	(NamespaceMode)(0),     // 0: crisp.options.v1.NamespaceMode
-	(*SandboxOptions)(nil), // 1: crisp.options.v1.SandboxOptions
-	nil,                    // 2: crisp.options.v1.SandboxOptions.SysctlsEntry
+	(NamespaceMode)(0),        // 0: crisp.options.v1.NamespaceMode
+	(*SandboxOptions)(nil),    // 1: crisp.options.v1.SandboxOptions
+	(*ContainerOptions)(nil),  // 2: crisp.options.v1.ContainerOptions
+	(*ReopenLogRequest)(nil),  // 3: crisp.options.v1.ReopenLogRequest
+	(*ReopenLogResponse)(nil), // 4: crisp.options.v1.ReopenLogResponse
+	nil,                       // 5: crisp.options.v1.SandboxOptions.SysctlsEntry
 }
 var file_api_options_v1_options_proto_depIdxs = []int32{
 	0, // 0: crisp.options.v1.SandboxOptions.network:type_name -> crisp.options.v1.NamespaceMode
 	0, // 1: crisp.options.v1.SandboxOptions.pid:type_name -> crisp.options.v1.NamespaceMode
 	0, // 2: crisp.options.v1.SandboxOptions.ipc:type_name -> crisp.options.v1.NamespaceMode
-	2, // 3: crisp.options.v1.SandboxOptions.sysctls:type_name -> crisp.options.v1.SandboxOptions.SysctlsEntry
+	5, // 3: crisp.options.v1.SandboxOptions.sysctls:type_name -> crisp.options.v1.SandboxOptions.SysctlsEntry
 	0, // 4: crisp.options.v1.SandboxOptions.uts:type_name -> crisp.options.v1.NamespaceMode
 	5, // [5:5] is the sub-list for method output_type
 	5, // [5:5] is the sub-list for method input_type
@@ -262,7 +422,7 @@ func file_api_options_v1_options_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_options_v1_options_proto_rawDesc), len(file_api_options_v1_options_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   2,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
