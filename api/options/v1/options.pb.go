@@ -344,6 +344,97 @@ func (*ReopenLogResponse) Descriptor() ([]byte, []int) {
 	return file_api_options_v1_options_proto_rawDescGZIP(), []int{3}
 }
 
+// ContainerInfoRequest asks the shim what the task API does not carry about a container.
+// Served as crisp.shim.v1.Shim/ContainerInfo.
+type ContainerInfoRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerInfoRequest) Reset() {
+	*x = ContainerInfoRequest{}
+	mi := &file_api_options_v1_options_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerInfoRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerInfoRequest) ProtoMessage() {}
+
+func (x *ContainerInfoRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_options_v1_options_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerInfoRequest.ProtoReflect.Descriptor instead.
+func (*ContainerInfoRequest) Descriptor() ([]byte, []int) {
+	return file_api_options_v1_options_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ContainerInfoRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+// ContainerInfoResponse reports whether the container's cgroup saw an OOM kill.
+type ContainerInfoResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	OomKilled     bool                   `protobuf:"varint,1,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerInfoResponse) Reset() {
+	*x = ContainerInfoResponse{}
+	mi := &file_api_options_v1_options_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerInfoResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerInfoResponse) ProtoMessage() {}
+
+func (x *ContainerInfoResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_options_v1_options_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerInfoResponse.ProtoReflect.Descriptor instead.
+func (*ContainerInfoResponse) Descriptor() ([]byte, []int) {
+	return file_api_options_v1_options_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ContainerInfoResponse) GetOomKilled() bool {
+	if x != nil {
+		return x.OomKilled
+	}
+	return false
+}
+
 var File_api_options_v1_options_proto protoreflect.FileDescriptor
 
 const file_api_options_v1_options_proto_rawDesc = "" +
@@ -370,7 +461,12 @@ const file_api_options_v1_options_proto_rawDesc = "" +
 	"sandbox_id\x18\x03 \x01(\tR\tsandboxId\"5\n" +
 	"\x10ReopenLogRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\"\x13\n" +
-	"\x11ReopenLogResponse*1\n" +
+	"\x11ReopenLogResponse\"9\n" +
+	"\x14ContainerInfoRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\"6\n" +
+	"\x15ContainerInfoResponse\x12\x1d\n" +
+	"\n" +
+	"oom_killed\x18\x01 \x01(\bR\toomKilled*1\n" +
 	"\rNamespaceMode\x12\a\n" +
 	"\x03POD\x10\x00\x12\r\n" +
 	"\tCONTAINER\x10\x01\x12\b\n" +
@@ -389,20 +485,22 @@ func file_api_options_v1_options_proto_rawDescGZIP() []byte {
 }
 
 var file_api_options_v1_options_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_options_v1_options_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_api_options_v1_options_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_api_options_v1_options_proto_goTypes = []any{
-	(NamespaceMode)(0),        // 0: crisp.options.v1.NamespaceMode
-	(*SandboxOptions)(nil),    // 1: crisp.options.v1.SandboxOptions
-	(*ContainerOptions)(nil),  // 2: crisp.options.v1.ContainerOptions
-	(*ReopenLogRequest)(nil),  // 3: crisp.options.v1.ReopenLogRequest
-	(*ReopenLogResponse)(nil), // 4: crisp.options.v1.ReopenLogResponse
-	nil,                       // 5: crisp.options.v1.SandboxOptions.SysctlsEntry
+	(NamespaceMode)(0),            // 0: crisp.options.v1.NamespaceMode
+	(*SandboxOptions)(nil),        // 1: crisp.options.v1.SandboxOptions
+	(*ContainerOptions)(nil),      // 2: crisp.options.v1.ContainerOptions
+	(*ReopenLogRequest)(nil),      // 3: crisp.options.v1.ReopenLogRequest
+	(*ReopenLogResponse)(nil),     // 4: crisp.options.v1.ReopenLogResponse
+	(*ContainerInfoRequest)(nil),  // 5: crisp.options.v1.ContainerInfoRequest
+	(*ContainerInfoResponse)(nil), // 6: crisp.options.v1.ContainerInfoResponse
+	nil,                           // 7: crisp.options.v1.SandboxOptions.SysctlsEntry
 }
 var file_api_options_v1_options_proto_depIdxs = []int32{
 	0, // 0: crisp.options.v1.SandboxOptions.network:type_name -> crisp.options.v1.NamespaceMode
 	0, // 1: crisp.options.v1.SandboxOptions.pid:type_name -> crisp.options.v1.NamespaceMode
 	0, // 2: crisp.options.v1.SandboxOptions.ipc:type_name -> crisp.options.v1.NamespaceMode
-	5, // 3: crisp.options.v1.SandboxOptions.sysctls:type_name -> crisp.options.v1.SandboxOptions.SysctlsEntry
+	7, // 3: crisp.options.v1.SandboxOptions.sysctls:type_name -> crisp.options.v1.SandboxOptions.SysctlsEntry
 	0, // 4: crisp.options.v1.SandboxOptions.uts:type_name -> crisp.options.v1.NamespaceMode
 	5, // [5:5] is the sub-list for method output_type
 	5, // [5:5] is the sub-list for method input_type
@@ -422,7 +520,7 @@ func file_api_options_v1_options_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_options_v1_options_proto_rawDesc), len(file_api_options_v1_options_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   5,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
