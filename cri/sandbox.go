@@ -133,7 +133,17 @@ func (s *Service) RunPodSandbox(ctx context.Context, req *runtime.RunPodSandboxR
 		}
 	}()
 
-	// 3. The files containers will bind-mount.
+	// 3. The /dev/shm the pod's containers share (with its IPC namespace).
+	if err := s.mountShm(id, cfg); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			s.unmountShm(id)
+		}
+	}()
+
+	// 4. The files containers will bind-mount.
 	if err := podFiles(s.podDir(id), hostname, st.IP, cfg, hostNet); err != nil {
 		return nil, fmt.Errorf("prepare files of pod %s: %w", id, err)
 	}
@@ -143,7 +153,7 @@ func (s *Service) RunPodSandbox(ctx context.Context, req *runtime.RunPodSandboxR
 		}
 	}()
 
-	// 4. Persist the CRI record; from here the pod exists.
+	// 5. Persist the CRI record; from here the pod exists.
 	raw, err := protojson.Marshal(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("encode pod config: %w", err)
@@ -181,9 +191,19 @@ func (s *Service) StopPodSandbox(ctx context.Context, req *runtime.StopPodSandbo
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	// Containers first: the CRI says they are forcibly stopped with the pod.
+	for _, c := range s.containersOf(p.rec.ID) {
+		c.op.Lock()
+		err := s.stopContainer(ctx, c, 0)
+		c.op.Unlock()
+		if err != nil {
+			return nil, toStatus(fmt.Errorf("stop container %s of pod %s: %w", c.rec.ID, p.rec.ID, err))
+		}
+	}
 	if err := s.ctrl.Stop(ctx, p.rec.ID, 0); err != nil {
 		return nil, toStatus(fmt.Errorf("stop pod sandbox %s: %w", p.rec.ID, err))
 	}
+	s.unmountShm(p.rec.ID)
 	return &runtime.StopPodSandboxResponse{}, nil
 }
 
@@ -198,8 +218,17 @@ func (s *Service) RemovePodSandbox(ctx context.Context, req *runtime.RemovePodSa
 		return nil, toStatus(err)
 	}
 	id := p.rec.ID
+	for _, c := range s.containersOf(id) {
+		if err := s.removeContainer(ctx, c); err != nil {
+			return nil, toStatus(fmt.Errorf("remove container %s of pod %s: %w", c.rec.ID, id, err))
+		}
+	}
 	if err := s.ctrl.Remove(ctx, id); err != nil {
 		return nil, toStatus(fmt.Errorf("remove pod sandbox %s: %w", id, err))
+	}
+	s.unmountShm(id)
+	if err := os.RemoveAll(s.podStateDir(id)); err != nil {
+		return nil, toStatus(fmt.Errorf("remove state of pod %s: %w", id, err))
 	}
 	if err := os.RemoveAll(s.podDir(id)); err != nil {
 		return nil, toStatus(fmt.Errorf("remove files of pod %s: %w", id, err))

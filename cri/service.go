@@ -37,8 +37,9 @@ type Service struct {
 	log    *slog.Logger
 	names  *nameIndex
 
-	mu   sync.RWMutex
-	pods map[string]*pod
+	mu         sync.RWMutex
+	pods       map[string]*pod
+	containers map[string]*container
 }
 
 // pod is the CRI's view of one pod sandbox.
@@ -58,7 +59,7 @@ type podRecord struct {
 
 // New returns the CRI service over a controller.
 func New(cfg config.Config, st *store.Store, ctrl *controller.Controller, net *network.Manager, images *image.Service, log *slog.Logger) *Service {
-	return &Service{cfg: cfg, store: st, ctrl: ctrl, net: net, images: images, log: log, names: newNameIndex(), pods: map[string]*pod{}}
+	return &Service{cfg: cfg, store: st, ctrl: ctrl, net: net, images: images, log: log, names: newNameIndex(), pods: map[string]*pod{}, containers: map[string]*container{}}
 }
 
 // Recover loads the pods from the store after a restart. liveSandboxes are the ids the
@@ -92,7 +93,10 @@ func (s *Service) Recover(ctx context.Context, liveSandboxes []string) error {
 			}
 		}
 	}
-	s.log.Info("recovered pods", "count", len(s.pods))
+	if err := s.recoverContainers(ctx); err != nil {
+		return err
+	}
+	s.log.Info("recovered pods and containers", "pods", len(s.pods), "containers", len(s.containers))
 	return nil
 }
 

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // TestE2EPodLatencyAndMemory measures RunPodSandbox over 50 sequential pods and the
@@ -125,4 +127,48 @@ func readMem(t *testing.T, pid int) memUse {
 		}
 	}
 	return m
+}
+
+// TestE2EContainerLatencyAndMemory measures CreateContainer+StartContainer over 50
+// containers and the pod shim's memory with 1 and with 10 running containers.
+func TestE2EContainerLatencyAndMemory(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	ctx := ctxT(t)
+	img := e.busybox(ctx)
+	pod := e.podConfig("ctrlat")
+	podID := e.runPod(ctx, pod)
+	_, info := e.status(ctx, podID)
+
+	const runs = 50
+	var lat []time.Duration
+	for i := range runs {
+		start := time.Now()
+		id := e.runCtr(ctx, podID, pod, ctrConfig(fmt.Sprintf("lat%d", i), img, "true"))
+		lat = append(lat, time.Since(start))
+		e.waitExit(ctx, id, 10*time.Second)
+		if _, err := e.rt.RemoveContainer(ctx, &cri.RemoveContainerRequest{ContainerId: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	t.Logf("CreateContainer+StartContainer over %d: p50 %v, p99 %v", runs, lat[runs/2], lat[runs*99/100])
+
+	var ids []string
+	for i := range 10 {
+		ids = append(ids, e.runCtr(ctx, podID, pod, ctrConfig(fmt.Sprintf("mem%d", i), img, "sleep", "1000")))
+		if i == 0 {
+			time.Sleep(300 * time.Millisecond)
+			m := readMem(t, info.ShimPid)
+			t.Logf("shim with 1 container: RSS %.2f MiB PSS %.2f MiB USS %.2f MiB", m.rss, m.pss, m.uss)
+		}
+	}
+	time.Sleep(300 * time.Millisecond)
+	m := readMem(t, info.ShimPid)
+	t.Logf("shim with 10 containers: RSS %.2f MiB PSS %.2f MiB USS %.2f MiB", m.rss, m.pss, m.uss)
+	if m.pss > 64 {
+		t.Errorf("shim PSS %.2f MiB with 10 containers is beyond any sane bound", m.pss)
+	}
+	e.stopRemove(ctx, t, podID)
+	e.assertNodeClean(t)
 }

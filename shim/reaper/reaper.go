@@ -27,8 +27,11 @@ func SetSubreaper() error {
 type Reaper struct {
 	log *slog.Logger
 
-	// mu is held while starting a tracked child and while reaping, so the reaper can
-	// never see (and reap) a tracked child before it is recorded as tracked.
+	// gate is held shared while children are started (several starts may run at once)
+	// and exclusively while reaping, so the reaper can never see (and reap) a child
+	// before it is recorded as tracked, nor a helper a starter waits for itself.
+	gate sync.RWMutex
+	// mu guards tracked.
 	mu      sync.Mutex
 	tracked map[int]struct{}
 	kick    chan struct{}
@@ -41,27 +44,49 @@ func New(log *slog.Logger) *Reaper {
 
 // Start starts cmd and records its pid as owned by the caller, who must call Wait.
 func (r *Reaper) Start(cmd *exec.Cmd) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if err := cmd.Start(); err != nil {
-		return err
+	return r.StartFunc(func() ([]int, error) {
+		if err := cmd.Start(); err != nil {
+			return nil, err
+		}
+		return []int{cmd.Process.Pid}, nil
+	})
+}
+
+// StartFunc runs start with reaping held off and records the pids it returns as owned by
+// the caller, who must wait for each and then call Forget. It is for starters that fork
+// and wait for helper processes of their own (libcontainer's init stages, hooks): the
+// reaper must not reap those either, and it cannot know their pids.
+func (r *Reaper) StartFunc(start func() ([]int, error)) error {
+	r.gate.RLock()
+	defer r.gate.RUnlock()
+	pids, err := start()
+	if len(pids) > 0 {
+		r.mu.Lock()
+		for _, pid := range pids {
+			r.tracked[pid] = struct{}{}
+		}
+		r.mu.Unlock()
 	}
-	r.tracked[cmd.Process.Pid] = struct{}{}
-	return nil
+	return err
 }
 
 // Wait waits for a command started with Start and stops tracking it.
 func (r *Reaper) Wait(cmd *exec.Cmd) error {
 	err := cmd.Wait()
+	r.Forget(cmd.Process.Pid)
+	return err
+}
+
+// Forget stops tracking pid; its owner calls it once it has waited for the process.
+func (r *Reaper) Forget(pid int) {
 	r.mu.Lock()
-	delete(r.tracked, cmd.Process.Pid)
+	delete(r.tracked, pid)
 	r.mu.Unlock()
 	// A tracked zombie may have hidden untracked ones behind it (see reapOnce).
 	select {
 	case r.kick <- struct{}{}:
 	default:
 	}
-	return err
 }
 
 // Run reaps orphans on every SIGCHLD until ctx is done.
@@ -93,8 +118,8 @@ const siginfoPidOffset = (12 + unsafe.Sizeof(uintptr(0)) - 1) &^ (unsafe.Sizeof(
 // peeks, so a tracked child is left for its owner; since waitid always reports the same
 // first zombie, a tracked zombie ends the round, and the owner's Wait kicks a new one.
 func (r *Reaper) reapOnce() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.gate.Lock()
+	defer r.gate.Unlock()
 	var info unix.Siginfo
 	if err := unix.Waitid(unix.P_ALL, 0, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil); err != nil {
 		if !errors.Is(err, unix.ECHILD) {
@@ -106,7 +131,10 @@ func (r *Reaper) reapOnce() bool {
 	if pid == 0 {
 		return false
 	}
-	if _, ok := r.tracked[pid]; ok {
+	r.mu.Lock()
+	_, ok := r.tracked[pid]
+	r.mu.Unlock()
+	if ok {
 		return false
 	}
 	var ws unix.WaitStatus

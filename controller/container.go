@@ -1,0 +1,313 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	taskapi "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/containerd/api/types"
+	tasktypes "github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	options "github.com/crisp-runtime/crisp/api/options/v1"
+	"github.com/crisp-runtime/crisp/api/shimapi"
+	"github.com/crisp-runtime/crisp/mount"
+)
+
+// Type URLs containerd's typeurl gives OCI types, so any task-API shim understands ours.
+const (
+	processTypeURL   = "types.containerd.io/opencontainers/runtime-spec/1/Process"
+	resourcesTypeURL = "types.containerd.io/opencontainers/runtime-spec/1/LinuxResources"
+)
+
+// ContainerSpec is what the controller needs to create a container in a pod's shim.
+type ContainerSpec struct {
+	ID        string
+	SandboxID string
+	Spec      *specs.Spec
+	Rootfs    []mount.Mount
+	LogPath   string
+	Terminal  bool
+}
+
+// ContainerState is a container's process state as its shim reports it.
+type ContainerState struct {
+	Pid        uint32
+	Status     string // created, running, stopped, unknown
+	ExitStatus uint32
+	ExitedAt   time.Time
+}
+
+func (o Options) containerBundle(id string) string {
+	return filepath.Join(o.StateDir, "containers", id)
+}
+
+// task returns the task API client of a pod's shim; FailedPrecondition when the pod's
+// shim is not reachable.
+func (c *Controller) task(sandboxID string) (taskapi.TTRPCTaskService, *sandbox, error) {
+	sb := c.get(sandboxID)
+	if sb == nil {
+		return nil, nil, fmt.Errorf("pod sandbox %s: %w", sandboxID, errdefs.ErrNotFound)
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.client == nil || sb.shimDead {
+		return nil, nil, fmt.Errorf("the shim of pod %s is not running: %w", sandboxID, errdefs.ErrFailedPrecondition)
+	}
+	return taskapi.NewTTRPCTaskClient(sb.client), sb, nil
+}
+
+// CreateContainer writes the container's bundle and has the pod's shim create it.
+func (c *Controller) CreateContainer(ctx context.Context, cs ContainerSpec) (_ uint32, retErr error) {
+	tc, _, err := c.task(cs.SandboxID)
+	if err != nil {
+		return 0, err
+	}
+	bundle := c.opts.containerBundle(cs.ID)
+	if err := os.MkdirAll(bundle, 0o711); err != nil {
+		return 0, fmt.Errorf("create bundle of container %s: %w", cs.ID, err)
+	}
+	defer func() {
+		if retErr != nil {
+			_ = os.RemoveAll(bundle)
+		}
+	}()
+	cs.Spec.Root = &specs.Root{Path: "rootfs", Readonly: cs.Spec.Root != nil && cs.Spec.Root.Readonly}
+	data, err := json.Marshal(cs.Spec)
+	if err != nil {
+		return 0, fmt.Errorf("encode spec of container %s: %w", cs.ID, err)
+	}
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600); err != nil {
+		return 0, fmt.Errorf("write spec of container %s: %w", cs.ID, err)
+	}
+	opts, err := anypb.New(&options.ContainerOptions{LogPath: cs.LogPath, SandboxId: cs.SandboxID})
+	if err != nil {
+		return 0, err
+	}
+	req := &taskapi.CreateTaskRequest{ID: cs.ID, Bundle: bundle, Terminal: cs.Terminal, Options: opts}
+	for _, m := range cs.Rootfs {
+		req.Rootfs = append(req.Rootfs, &types.Mount{Type: m.Type, Source: m.Source, Options: m.Options})
+	}
+	resp, err := tc.Create(ctx, req)
+	if err != nil {
+		return 0, fmt.Errorf("create container %s in the shim of pod %s: %w", cs.ID, cs.SandboxID, fromShim(err))
+	}
+	return resp.GetPid(), nil
+}
+
+// StartContainer starts a created container.
+func (c *Controller) StartContainer(ctx context.Context, sandboxID, id string) (uint32, error) {
+	tc, _, err := c.task(sandboxID)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := tc.Start(ctx, &taskapi.StartRequest{ID: id})
+	if err != nil {
+		return 0, fmt.Errorf("start container %s: %w", id, fromShim(err))
+	}
+	return resp.GetPid(), nil
+}
+
+// KillContainer signals a container's init (all: every process of it).
+func (c *Controller) KillContainer(ctx context.Context, sandboxID, id string, sig syscall.Signal, all bool) error {
+	tc, _, err := c.task(sandboxID)
+	if err != nil {
+		return err
+	}
+	if _, err := tc.Kill(ctx, &taskapi.KillRequest{ID: id, Signal: uint32(sig), All: all}); err != nil {
+		return fmt.Errorf("signal container %s with %v: %w", id, sig, fromShim(err))
+	}
+	return nil
+}
+
+// WaitContainer blocks until the container's init exits.
+func (c *Controller) WaitContainer(ctx context.Context, sandboxID, id string) (ContainerState, error) {
+	return c.wait(ctx, sandboxID, id, "")
+}
+
+func (c *Controller) wait(ctx context.Context, sandboxID, id, execID string) (ContainerState, error) {
+	tc, _, err := c.task(sandboxID)
+	if err != nil {
+		return ContainerState{}, err
+	}
+	resp, err := tc.Wait(ctx, &taskapi.WaitRequest{ID: id, ExecID: execID})
+	if err != nil {
+		return ContainerState{}, fmt.Errorf("wait for container %s: %w", id, fromShim(err))
+	}
+	st := ContainerState{Status: "stopped", ExitStatus: resp.GetExitStatus()}
+	if t := resp.GetExitedAt(); t != nil {
+		st.ExitedAt = t.AsTime()
+	}
+	return st, nil
+}
+
+// StateOf asks the shim for a container's state.
+func (c *Controller) StateOf(ctx context.Context, sandboxID, id string) (ContainerState, error) {
+	tc, _, err := c.task(sandboxID)
+	if err != nil {
+		return ContainerState{}, err
+	}
+	resp, err := tc.State(ctx, &taskapi.StateRequest{ID: id})
+	if err != nil {
+		return ContainerState{}, fmt.Errorf("state of container %s: %w", id, fromShim(err))
+	}
+	st := ContainerState{Pid: resp.GetPid(), ExitStatus: resp.GetExitStatus()}
+	switch resp.GetStatus() {
+	case tasktypes.Status_CREATED:
+		st.Status = "created"
+	case tasktypes.Status_RUNNING, tasktypes.Status_PAUSED, tasktypes.Status_PAUSING:
+		st.Status = "running"
+	case tasktypes.Status_STOPPED:
+		st.Status = "stopped"
+	default:
+		st.Status = "unknown"
+	}
+	if t := resp.GetExitedAt(); t != nil && st.Status == "stopped" {
+		st.ExitedAt = t.AsTime()
+	}
+	return st, nil
+}
+
+// DeleteContainer removes a container from its shim (killing it if it still runs) and
+// deletes its bundle. An unknown container or a gone shim is not an error.
+func (c *Controller) DeleteContainer(ctx context.Context, sandboxID, id string) error {
+	tc, _, err := c.task(sandboxID)
+	switch {
+	case err == nil:
+		if _, err := tc.Delete(ctx, &taskapi.DeleteRequest{ID: id}); err != nil {
+			if err := fromShim(err); !errdefs.IsNotFound(err) {
+				return fmt.Errorf("delete container %s: %w", id, err)
+			}
+		}
+	case errdefs.IsNotFound(err), errdefs.IsFailedPrecondition(err):
+		// The shim is gone; with it every process of the container. What it mounted
+		// in the host's namespace may remain.
+		_ = mount.Unmount(filepath.Join(c.opts.containerBundle(id), "rootfs"))
+	default:
+		return err
+	}
+	if err := os.RemoveAll(c.opts.containerBundle(id)); err != nil {
+		return fmt.Errorf("remove bundle of container %s: %w", id, err)
+	}
+	return nil
+}
+
+// UpdateContainer applies new resources to a running container.
+func (c *Controller) UpdateContainer(ctx context.Context, sandboxID, id string, res *specs.LinuxResources) error {
+	tc, _, err := c.task(sandboxID)
+	if err != nil {
+		return err
+	}
+	data, err := json.Marshal(res)
+	if err != nil {
+		return fmt.Errorf("encode resources: %w", err)
+	}
+	if _, err := tc.Update(ctx, &taskapi.UpdateTaskRequest{ID: id, Resources: &anypb.Any{TypeUrl: resourcesTypeURL, Value: data}}); err != nil {
+		return fmt.Errorf("update container %s: %w", id, fromShim(err))
+	}
+	return nil
+}
+
+// ExecSpec is one process to run in a container.
+type ExecSpec struct {
+	SandboxID, ContainerID, ExecID string
+	Process                        *specs.Process
+	Stdin, Stdout, Stderr          string // FIFO paths, "" for none
+	Terminal                       bool
+}
+
+// Exec creates and starts a process in a running container.
+func (c *Controller) Exec(ctx context.Context, es ExecSpec) error {
+	tc, _, err := c.task(es.SandboxID)
+	if err != nil {
+		return err
+	}
+	data, err := json.Marshal(es.Process)
+	if err != nil {
+		return fmt.Errorf("encode exec process: %w", err)
+	}
+	if _, err := tc.Exec(ctx, &taskapi.ExecProcessRequest{
+		ID: es.ContainerID, ExecID: es.ExecID, Terminal: es.Terminal,
+		Stdin: es.Stdin, Stdout: es.Stdout, Stderr: es.Stderr,
+		Spec: &anypb.Any{TypeUrl: processTypeURL, Value: data},
+	}); err != nil {
+		return fmt.Errorf("exec in container %s: %w", es.ContainerID, fromShim(err))
+	}
+	if _, err := tc.Start(ctx, &taskapi.StartRequest{ID: es.ContainerID, ExecID: es.ExecID}); err != nil {
+		c.deleteExec(es.SandboxID, es.ContainerID, es.ExecID)
+		return fmt.Errorf("start exec in container %s: %w", es.ContainerID, fromShim(err))
+	}
+	return nil
+}
+
+// WaitExec blocks until an exec'd process exits.
+func (c *Controller) WaitExec(ctx context.Context, sandboxID, id, execID string) (ContainerState, error) {
+	return c.wait(ctx, sandboxID, id, execID)
+}
+
+// KillExec signals an exec'd process.
+func (c *Controller) KillExec(ctx context.Context, sandboxID, id, execID string, sig syscall.Signal) error {
+	tc, _, err := c.task(sandboxID)
+	if err != nil {
+		return err
+	}
+	if _, err := tc.Kill(ctx, &taskapi.KillRequest{ID: id, ExecID: execID, Signal: uint32(sig)}); err != nil {
+		return fmt.Errorf("signal exec %s: %w", execID, fromShim(err))
+	}
+	return nil
+}
+
+// deleteExec frees an exec in the shim; best effort, with its own deadline because it
+// also runs after the caller's context expired.
+func (c *Controller) deleteExec(sandboxID, id, execID string) {
+	tc, _, err := c.task(sandboxID)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := tc.Delete(ctx, &taskapi.DeleteRequest{ID: id, ExecID: execID}); err != nil {
+		c.log.Debug("delete exec", "container", id, "exec", execID, "err", err)
+	}
+}
+
+// DeleteExec frees an exec's state in the shim.
+func (c *Controller) DeleteExec(sandboxID, id, execID string) { c.deleteExec(sandboxID, id, execID) }
+
+// ReopenContainerLog has the shim reopen a container's log file.
+func (c *Controller) ReopenContainerLog(ctx context.Context, sandboxID, id string) error {
+	_, sb, err := c.task(sandboxID)
+	if err != nil {
+		return err
+	}
+	sb.mu.Lock()
+	client := shimapi.NewClient(sb.client)
+	sb.mu.Unlock()
+	if _, err := client.ReopenLog(ctx, &options.ReopenLogRequest{ContainerId: id}); err != nil {
+		return fmt.Errorf("reopen log of container %s: %w", id, fromShim(err))
+	}
+	return nil
+}
+
+// OOMKilled reports whether the container's cgroup saw an OOM kill.
+func (c *Controller) OOMKilled(ctx context.Context, sandboxID, id string) (bool, error) {
+	_, sb, err := c.task(sandboxID)
+	if err != nil {
+		return false, err
+	}
+	sb.mu.Lock()
+	client := shimapi.NewClient(sb.client)
+	sb.mu.Unlock()
+	resp, err := client.ContainerInfo(ctx, &options.ContainerInfoRequest{ContainerId: id})
+	if err != nil {
+		return false, fmt.Errorf("info of container %s: %w", id, fromShim(err))
+	}
+	return resp.GetOomKilled(), nil
+}

@@ -1,0 +1,666 @@
+package cri
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/errdefs"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"google.golang.org/protobuf/encoding/protojson"
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/crisp-runtime/crisp/controller"
+	"github.com/crisp-runtime/crisp/cri/spec"
+	"github.com/crisp-runtime/crisp/image"
+	"github.com/crisp-runtime/crisp/mount"
+)
+
+// containerBucket holds the CRI's record of each container.
+const containerBucket = "containers"
+
+// Container states as the record keeps them.
+const (
+	stateCreated = "created"
+	stateRunning = "running"
+	stateExited  = "exited"
+)
+
+// containerRecord is what the store keeps of a container.
+type containerRecord struct {
+	ID         string          `json:"id"`
+	PodID      string          `json:"pod_id"`
+	Config     json.RawMessage `json:"config"`
+	ImageID    string          `json:"image_id"`
+	ImageRef   string          `json:"image_ref"`
+	LogPath    string          `json:"log_path,omitempty"`
+	State      string          `json:"state"`
+	CreatedAt  int64           `json:"created_at"`
+	StartedAt  int64           `json:"started_at,omitempty"`
+	FinishedAt int64           `json:"finished_at,omitempty"`
+	ExitCode   int32           `json:"exit_code"`
+	Reason     string          `json:"reason,omitempty"`
+	Message    string          `json:"message,omitempty"`
+	Pid        uint32          `json:"pid,omitempty"`
+	User       spec.UserInfo   `json:"user"`
+	StopSignal int             `json:"stop_signal"`
+	Resources  json.RawMessage `json:"resources,omitempty"`
+}
+
+// container is the CRI's live view of one container.
+type container struct {
+	// op serialises lifecycle calls on one container.
+	op sync.Mutex
+
+	mu      sync.Mutex
+	rec     containerRecord
+	config  *runtime.ContainerConfig
+	nameKey string
+	exited  chan struct{} // closed when the monitor saw the exit
+	cancel  context.CancelFunc
+}
+
+func (c *container) snapshot() containerRecord {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.rec
+}
+
+func containerName(md *runtime.ContainerMetadata, pod *runtime.PodSandboxMetadata) string {
+	return strings.Join([]string{md.GetName(), pod.GetName(), pod.GetNamespace(), pod.GetUid(), fmt.Sprint(md.GetAttempt())}, "_")
+}
+
+// recoverContainers loads container records and reattaches to running containers.
+func (s *Service) recoverContainers(ctx context.Context) error {
+	var list []*container
+	err := s.store.ForEach(containerBucket, func(id string, data []byte) error {
+		var rec containerRecord
+		if err := json.Unmarshal(data, &rec); err != nil {
+			return fmt.Errorf("decode container %s: %w", id, err)
+		}
+		var cfg runtime.ContainerConfig
+		if err := protojson.Unmarshal(rec.Config, &cfg); err != nil {
+			return fmt.Errorf("decode config of container %s: %w", id, err)
+		}
+		c := &container{rec: rec, config: &cfg, exited: make(chan struct{})}
+		if p := s.pods[rec.PodID]; p != nil {
+			c.nameKey = containerName(cfg.GetMetadata(), p.config.GetMetadata())
+			_ = s.names.reserve(c.nameKey, id)
+		}
+		if rec.State != stateRunning {
+			close(c.exited)
+		}
+		s.containers[id] = c
+		list = append(list, c)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("load containers: %w", err)
+	}
+	for _, c := range list {
+		if c.rec.State == stateRunning {
+			// The shim kept the container (and any exit) while criserver was away.
+			s.monitor(c)
+		}
+	}
+	return nil
+}
+
+// CreateContainer creates a container in a ready pod: a writable snapshot of the
+// image, the OCI spec, and the container in the pod's shim; each step undone if a
+// later one fails.
+func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContainerRequest) (_ *runtime.CreateContainerResponse, retErr error) {
+	defer func() { retErr = toStatus(retErr) }()
+	cfg := req.GetConfig()
+	if cfg == nil || cfg.GetMetadata().GetName() == "" {
+		return nil, invalid("container config with metadata.name is required")
+	}
+	if cfg.GetImage().GetImage() == "" {
+		return nil, invalid("container config has no image")
+	}
+	p, err := s.resolvePod(req.GetPodSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	st, err := s.ctrl.Status(p.rec.ID)
+	if err != nil || st.State != controller.StateReady {
+		return nil, fmt.Errorf("pod sandbox %s is not ready: %w", p.rec.ID, errdefs.ErrFailedPrecondition)
+	}
+	img, err := s.images.Get(cfg.GetImage().GetImage())
+	if errdefs.IsNotFound(err) {
+		return nil, fmt.Errorf("image %q is not present: pull it first: %w", cfg.GetImage().GetImage(), errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return nil, err
+	}
+	imgSpec, err := img.Spec()
+	if err != nil {
+		return nil, err
+	}
+	id := newID()
+	log := s.log.With("container", id, "name", cfg.GetMetadata().GetName(), "pod", p.rec.ID)
+
+	// 1. The name.
+	nameKey := containerName(cfg.GetMetadata(), p.config.GetMetadata())
+	if err := s.names.reserve(nameKey, id); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			s.names.release(nameKey, id)
+		}
+	}()
+
+	// 2. The writable rootfs.
+	snapMounts, err := s.images.PrepareRootfs(id, img)
+	if err != nil {
+		return nil, fmt.Errorf("prepare rootfs of container %s: %w", id, err)
+	}
+	defer func() {
+		if retErr != nil {
+			if err := s.images.RemoveRootfs(id); err != nil {
+				log.Warn("remove rootfs after failed create", "err", err)
+			}
+		}
+	}()
+	var rootfs []mount.Mount
+	for _, m := range snapMounts {
+		rootfs = append(rootfs, mount.Mount{Type: m.Type, Source: m.Source, Options: m.Options})
+	}
+
+	// 3. The spec, with users resolved in the image's own /etc files.
+	stopSig, err := spec.StopSignal(cfg, imgSpec)
+	if err != nil {
+		return nil, err
+	}
+	res, err := s.generateSpec(id, cfg, p, img, imgSpec, st, rootfs)
+	if err != nil {
+		return nil, err
+	}
+	for _, w := range res.Warnings {
+		log.Warn("container spec", "warning", w)
+	}
+
+	// 4. The container in the pod's shim.
+	logPath := ""
+	if dir, lp := p.config.GetLogDirectory(), cfg.GetLogPath(); dir != "" && lp != "" {
+		logPath = filepath.Join(dir, lp)
+	}
+	if _, err := s.ctrl.CreateContainer(ctx, controller.ContainerSpec{
+		ID: id, SandboxID: p.rec.ID, Spec: res.Spec, Rootfs: rootfs, LogPath: logPath, Terminal: cfg.GetTty(),
+	}); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := s.ctrl.DeleteContainer(cctx, p.rec.ID, id); err != nil {
+				log.Warn("delete container after failed create", "err", err)
+			}
+		}
+	}()
+
+	// 5. The record.
+	raw, err := protojson.Marshal(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("encode container config: %w", err)
+	}
+	imageRef := img.ID
+	if len(img.RepoDigests) > 0 {
+		imageRef = img.RepoDigests[0]
+	}
+	c := &container{
+		rec: containerRecord{
+			ID: id, PodID: p.rec.ID, Config: raw, ImageID: img.ID, ImageRef: imageRef, LogPath: logPath,
+			State: stateCreated, CreatedAt: time.Now().UnixNano(), User: res.User, StopSignal: int(stopSig),
+		},
+		config:  cfg,
+		nameKey: nameKey,
+		exited:  make(chan struct{}),
+	}
+	if err := s.store.Put(containerBucket, id, c.rec); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.containers[id] = c
+	s.mu.Unlock()
+	return &runtime.CreateContainerResponse{ContainerId: id}, nil
+}
+
+// generateSpec mounts the rootfs briefly so the spec can resolve users and groups
+// from the image's own /etc/passwd and /etc/group.
+func (s *Service) generateSpec(id string, cfg *runtime.ContainerConfig, p *pod, img *image.Image, imgSpec ocispec.Image, st *controller.Status, rootfs []mount.Mount) (*spec.Result, error) {
+	tmp, err := os.MkdirTemp(filepath.Join(s.cfg.StateDir), "rootfs-")
+	if err != nil {
+		return nil, fmt.Errorf("temp dir for rootfs: %w", err)
+	}
+	defer os.Remove(tmp)
+	if err := mount.All(rootfs, tmp); err != nil {
+		return nil, fmt.Errorf("mount rootfs of image %s: %w", img.ID, err)
+	}
+	defer func() {
+		if err := mount.Unmount(tmp); err != nil {
+			s.log.Warn("unmount temporary rootfs", "dir", tmp, "err", err)
+		}
+	}()
+	targetPid := 0
+	if ns := cfg.GetLinux().GetSecurityContext().GetNamespaceOptions(); ns.GetPid() == runtime.NamespaceMode_TARGET {
+		t, err := s.resolveContainer(ns.GetTargetId())
+		if err != nil {
+			return nil, fmt.Errorf("target container of the pid namespace: %w", err)
+		}
+		rec := t.snapshot()
+		if rec.State != stateRunning || rec.PodID != p.rec.ID {
+			return nil, invalid("target container %s must be running in the same pod", rec.ID)
+		}
+		targetPid = int(rec.Pid)
+	}
+	return spec.Generate(spec.Input{
+		ContainerID:      id,
+		Config:           cfg,
+		Pod:              p.config,
+		Image:            imgSpec,
+		RootfsPath:       tmp,
+		PausePid:         int(st.Pid),
+		NetNSPath:        st.NetNS,
+		PodFilesDir:      s.podDir(p.rec.ID),
+		ShmPath:          s.podShm(p),
+		CgroupParent:     p.config.GetLinux().GetCgroupParent(),
+		SystemdCgroup:    s.cfg.CgroupDriver == "systemd",
+		TargetPid:        targetPid,
+		OOMScoreAdjFloor: ownOOMScoreAdj(),
+	})
+}
+
+// ownOOMScoreAdj is criserver's own oom_score_adj: without CAP_SYS_RESOURCE nothing
+// may go lower, so container values are clamped to it.
+func ownOOMScoreAdj() int {
+	data, err := os.ReadFile("/proc/self/oom_score_adj")
+	if err != nil {
+		return 0
+	}
+	var v int
+	fmt.Sscanf(strings.TrimSpace(string(data)), "%d", &v)
+	return v
+}
+
+// resolveContainer finds a container by full id or unique prefix.
+func (s *Service) resolveContainer(id string) (*container, error) {
+	if id == "" {
+		return nil, invalid("container id is required")
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if c, ok := s.containers[id]; ok {
+		return c, nil
+	}
+	var found []*container
+	for cid, c := range s.containers {
+		if strings.HasPrefix(cid, id) {
+			found = append(found, c)
+		}
+	}
+	switch len(found) {
+	case 0:
+		return nil, fmt.Errorf("container %q: %w", id, errNotFound)
+	case 1:
+		return found[0], nil
+	}
+	return nil, invalid("container id prefix %q is ambiguous", id)
+}
+
+// StartContainer starts a created container and watches it for its exit.
+func (s *Service) StartContainer(ctx context.Context, req *runtime.StartContainerRequest) (*runtime.StartContainerResponse, error) {
+	c, err := s.resolveContainer(req.GetContainerId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	c.op.Lock()
+	defer c.op.Unlock()
+	rec := c.snapshot()
+	if rec.State != stateCreated {
+		return nil, toStatus(fmt.Errorf("container %s is %s, not created: it can be started only once: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition))
+	}
+	if rec.LogPath != "" {
+		if err := os.MkdirAll(filepath.Dir(rec.LogPath), 0o755); err != nil {
+			return nil, toStatus(fmt.Errorf("create log dir of container %s: %w", rec.ID, err))
+		}
+	}
+	pid, err := s.ctrl.StartContainer(ctx, rec.PodID, rec.ID)
+	if err != nil {
+		c.mu.Lock()
+		c.rec.State, c.rec.FinishedAt, c.rec.ExitCode, c.rec.Reason, c.rec.Message = stateExited, time.Now().UnixNano(), 128, "StartError", err.Error()
+		r := c.rec
+		c.mu.Unlock()
+		close(c.exited)
+		_ = s.store.Put(containerBucket, r.ID, r)
+		return nil, toStatus(err)
+	}
+	c.mu.Lock()
+	c.rec.State, c.rec.StartedAt, c.rec.Pid = stateRunning, time.Now().UnixNano(), pid
+	r := c.rec
+	c.mu.Unlock()
+	if err := s.store.Put(containerBucket, r.ID, r); err != nil {
+		return nil, toStatus(err)
+	}
+	s.monitor(c)
+	return &runtime.StartContainerResponse{}, nil
+}
+
+// monitor waits in the background for the container's exit and records it.
+func (s *Service) monitor(c *container) {
+	ctx, cancel := context.WithCancel(context.Background())
+	c.mu.Lock()
+	c.cancel = cancel
+	rec := c.rec
+	c.mu.Unlock()
+	go func() {
+		defer cancel()
+		st, err := s.ctrl.WaitContainer(ctx, rec.PodID, rec.ID)
+		if ctx.Err() != nil {
+			return
+		}
+		c.mu.Lock()
+		if c.rec.State != stateRunning {
+			c.mu.Unlock()
+			return
+		}
+		c.rec.State = stateExited
+		if err != nil {
+			c.rec.FinishedAt, c.rec.ExitCode, c.rec.Reason = time.Now().UnixNano(), 255, "Unknown"
+			c.rec.Message = fmt.Sprintf("lost the container: %v", err)
+		} else {
+			c.rec.FinishedAt, c.rec.ExitCode = st.ExitedAt.UnixNano(), int32(st.ExitStatus)
+			c.rec.Reason = "Completed"
+			if st.ExitStatus != 0 {
+				c.rec.Reason = "Error"
+			}
+		}
+		c.mu.Unlock()
+		if err == nil {
+			octx, ocancel := context.WithTimeout(context.Background(), 5*time.Second)
+			if oom, oerr := s.ctrl.OOMKilled(octx, rec.PodID, rec.ID); oerr == nil && oom {
+				c.mu.Lock()
+				c.rec.Reason = "OOMKilled"
+				c.mu.Unlock()
+			}
+			ocancel()
+		}
+		c.mu.Lock()
+		r := c.rec
+		c.mu.Unlock()
+		close(c.exited)
+		if err := s.store.Put(containerBucket, r.ID, r); err != nil {
+			s.log.Error("record container exit", "container", r.ID, "err", err)
+		}
+		s.log.Info("container exited", "container", r.ID, "exit_code", r.ExitCode, "reason", r.Reason)
+	}()
+}
+
+// StopContainer sends the stop signal, then SIGKILL after the timeout (0: at once).
+// Stopping a container that is not running succeeds.
+func (s *Service) StopContainer(ctx context.Context, req *runtime.StopContainerRequest) (*runtime.StopContainerResponse, error) {
+	c, err := s.resolveContainer(req.GetContainerId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	c.op.Lock()
+	defer c.op.Unlock()
+	if err := s.stopContainer(ctx, c, time.Duration(req.GetTimeout())*time.Second); err != nil {
+		return nil, toStatus(err)
+	}
+	return &runtime.StopContainerResponse{}, nil
+}
+
+func (s *Service) stopContainer(ctx context.Context, c *container, timeout time.Duration) error {
+	rec := c.snapshot()
+	if rec.State != stateRunning {
+		return nil
+	}
+	if timeout > 0 {
+		sig := syscall.Signal(rec.StopSignal)
+		if sig == 0 {
+			sig = syscall.SIGTERM
+		}
+		if err := s.ctrl.KillContainer(ctx, rec.PodID, rec.ID, sig, false); err != nil && !errdefs.IsNotFound(err) {
+			return err
+		}
+		select {
+		case <-c.exited:
+			return nil
+		case <-time.After(timeout):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if err := s.ctrl.KillContainer(ctx, rec.PodID, rec.ID, syscall.SIGKILL, true); err != nil && !errdefs.IsNotFound(err) {
+		return err
+	}
+	select {
+	case <-c.exited:
+		return nil
+	case <-time.After(30 * time.Second):
+		return fmt.Errorf("container %s did not exit 30s after SIGKILL: %w", rec.ID, errdefs.ErrUnavailable)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// RemoveContainer kills the container if it runs and removes it with its writable
+// layer. Unknown ids succeed.
+func (s *Service) RemoveContainer(ctx context.Context, req *runtime.RemoveContainerRequest) (*runtime.RemoveContainerResponse, error) {
+	c, err := s.resolveContainer(req.GetContainerId())
+	if errdefs.IsNotFound(err) {
+		return &runtime.RemoveContainerResponse{}, nil
+	}
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if err := s.removeContainer(ctx, c); err != nil {
+		return nil, toStatus(err)
+	}
+	return &runtime.RemoveContainerResponse{}, nil
+}
+
+func (s *Service) removeContainer(ctx context.Context, c *container) error {
+	c.op.Lock()
+	defer c.op.Unlock()
+	if err := s.stopContainer(ctx, c, 0); err != nil {
+		return fmt.Errorf("kill container before removal: %w", err)
+	}
+	rec := c.snapshot()
+	c.mu.Lock()
+	if c.cancel != nil {
+		c.cancel()
+	}
+	c.mu.Unlock()
+	if err := s.ctrl.DeleteContainer(ctx, rec.PodID, rec.ID); err != nil {
+		return err
+	}
+	if err := s.images.RemoveRootfs(rec.ID); err != nil {
+		return fmt.Errorf("remove rootfs of container %s: %w", rec.ID, err)
+	}
+	if err := s.store.Delete(containerBucket, rec.ID); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	delete(s.containers, rec.ID)
+	s.mu.Unlock()
+	s.names.release(c.nameKey, rec.ID)
+	return nil
+}
+
+// containersOf lists the containers of a pod.
+func (s *Service) containersOf(podID string) []*container {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var out []*container
+	for _, c := range s.containers {
+		if c.rec.PodID == podID {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// ContainerStatus reports a container's state, times, exit and config.
+func (s *Service) ContainerStatus(_ context.Context, req *runtime.ContainerStatusRequest) (*runtime.ContainerStatusResponse, error) {
+	c, err := s.resolveContainer(req.GetContainerId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	rec := c.snapshot()
+	cfg := c.config
+	st := &runtime.ContainerStatus{
+		Id:          rec.ID,
+		Metadata:    cfg.GetMetadata(),
+		State:       criState(rec.State),
+		CreatedAt:   rec.CreatedAt,
+		StartedAt:   rec.StartedAt,
+		FinishedAt:  rec.FinishedAt,
+		ExitCode:    rec.ExitCode,
+		Image:       &runtime.ImageSpec{Image: rec.ImageID, UserSpecifiedImage: cfg.GetImage().GetImage(), Annotations: cfg.GetImage().GetAnnotations()},
+		ImageRef:    rec.ImageRef,
+		ImageId:     rec.ImageID,
+		Reason:      rec.Reason,
+		Message:     rec.Message,
+		Labels:      cfg.GetLabels(),
+		Annotations: cfg.GetAnnotations(),
+		Mounts:      cfg.GetMounts(),
+		LogPath:     rec.LogPath,
+		User: &runtime.ContainerUser{Linux: &runtime.LinuxContainerUser{
+			Uid: int64(rec.User.UID), Gid: int64(rec.User.GID), SupplementalGroups: toInt64s(rec.User.AdditionalGIDs),
+		}},
+	}
+	res := cfg.GetLinux().GetResources()
+	if len(rec.Resources) > 0 {
+		var r runtime.LinuxContainerResources
+		if protojson.Unmarshal(rec.Resources, &r) == nil {
+			res = &r
+		}
+	}
+	if res != nil {
+		st.Resources = &runtime.ContainerResources{Linux: res}
+	}
+	resp := &runtime.ContainerStatusResponse{Status: st}
+	if req.GetVerbose() {
+		info := map[string]any{"sandboxID": rec.PodID, "pid": rec.Pid, "user": rec.User, "stopSignal": rec.StopSignal}
+		if data, err := os.ReadFile(filepath.Join(s.cfg.StateDir, "containers", rec.ID, "config.json")); err == nil {
+			info["runtimeSpec"] = json.RawMessage(data)
+		}
+		data, _ := json.Marshal(info)
+		resp.Info = map[string]string{"info": string(data)}
+	}
+	return resp, nil
+}
+
+func toInt64s(in []uint32) []int64 {
+	out := make([]int64, 0, len(in))
+	for _, v := range in {
+		out = append(out, int64(v))
+	}
+	return out
+}
+
+func criState(s string) runtime.ContainerState {
+	switch s {
+	case stateCreated:
+		return runtime.ContainerState_CONTAINER_CREATED
+	case stateRunning:
+		return runtime.ContainerState_CONTAINER_RUNNING
+	case stateExited:
+		return runtime.ContainerState_CONTAINER_EXITED
+	}
+	return runtime.ContainerState_CONTAINER_UNKNOWN
+}
+
+// ListContainers lists containers matching the filter: id or prefix, state, pod, labels.
+func (s *Service) ListContainers(_ context.Context, req *runtime.ListContainersRequest) (*runtime.ListContainersResponse, error) {
+	f := req.GetFilter()
+	s.mu.RLock()
+	list := make([]*container, 0, len(s.containers))
+	for id, c := range s.containers {
+		if f.GetId() != "" && !strings.HasPrefix(id, f.GetId()) {
+			continue
+		}
+		list = append(list, c)
+	}
+	s.mu.RUnlock()
+	resp := &runtime.ListContainersResponse{}
+	for _, c := range list {
+		rec := c.snapshot()
+		if f.GetPodSandboxId() != "" && !strings.HasPrefix(rec.PodID, f.GetPodSandboxId()) {
+			continue
+		}
+		state := criState(rec.State)
+		if f.GetState() != nil && f.GetState().GetState() != state {
+			continue
+		}
+		if !labelsMatch(c.config.GetLabels(), f.GetLabelSelector()) {
+			continue
+		}
+		resp.Containers = append(resp.Containers, &runtime.Container{
+			Id: rec.ID, PodSandboxId: rec.PodID, Metadata: c.config.GetMetadata(),
+			Image:    &runtime.ImageSpec{Image: rec.ImageID, UserSpecifiedImage: c.config.GetImage().GetImage()},
+			ImageRef: rec.ImageRef, ImageId: rec.ImageID, State: state, CreatedAt: rec.CreatedAt,
+			Labels: c.config.GetLabels(), Annotations: c.config.GetAnnotations(),
+		})
+	}
+	sort.Slice(resp.Containers, func(i, j int) bool { return resp.Containers[i].CreatedAt < resp.Containers[j].CreatedAt })
+	return resp, nil
+}
+
+// UpdateContainerResources applies new resources to a running container and keeps
+// them for ContainerStatus.
+func (s *Service) UpdateContainerResources(ctx context.Context, req *runtime.UpdateContainerResourcesRequest) (*runtime.UpdateContainerResourcesResponse, error) {
+	c, err := s.resolveContainer(req.GetContainerId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	c.op.Lock()
+	defer c.op.Unlock()
+	rec := c.snapshot()
+	if rec.State != stateRunning && rec.State != stateCreated {
+		return nil, toStatus(fmt.Errorf("container %s is %s: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition))
+	}
+	res, err := spec.UpdateResources(req.GetLinux())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if err := s.ctrl.UpdateContainer(ctx, rec.PodID, rec.ID, res); err != nil {
+		return nil, toStatus(err)
+	}
+	raw, _ := protojson.Marshal(req.GetLinux())
+	c.mu.Lock()
+	c.rec.Resources = raw
+	r := c.rec
+	c.mu.Unlock()
+	if err := s.store.Put(containerBucket, r.ID, r); err != nil {
+		return nil, toStatus(err)
+	}
+	return &runtime.UpdateContainerResourcesResponse{}, nil
+}
+
+// ReopenContainerLog has the shim reopen the log file kubelet just rotated.
+func (s *Service) ReopenContainerLog(ctx context.Context, req *runtime.ReopenContainerLogRequest) (*runtime.ReopenContainerLogResponse, error) {
+	c, err := s.resolveContainer(req.GetContainerId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	rec := c.snapshot()
+	if rec.State != stateRunning {
+		return nil, toStatus(fmt.Errorf("container %s is not running: %w", rec.ID, errdefs.ErrFailedPrecondition))
+	}
+	if err := s.ctrl.ReopenContainerLog(ctx, rec.PodID, rec.ID); err != nil {
+		return nil, toStatus(err)
+	}
+	return &runtime.ReopenContainerLogResponse{}, nil
+}

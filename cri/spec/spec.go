@@ -1,0 +1,297 @@
+package spec
+
+import (
+	"fmt"
+	"maps"
+	"regexp"
+	"slices"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"github.com/opencontainers/runtime-spec/specs-go"
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// RootfsPath is the rootfs directory relative to the bundle: the caller mounts the
+// container's rootfs at <bundle>/rootfs.
+const RootfsPath = "rootfs"
+
+// The annotations containerd's CRI plugin puts on every container spec; tools that
+// look at OCI bundles (NRI plugins, runtime hooks, monitoring) know them.
+const (
+	AnnotationContainerType    = "io.kubernetes.cri.container-type"
+	AnnotationSandboxID        = "io.kubernetes.cri.sandbox-id"
+	AnnotationSandboxName      = "io.kubernetes.cri.sandbox-name"
+	AnnotationSandboxNamespace = "io.kubernetes.cri.sandbox-namespace"
+	AnnotationSandboxUID       = "io.kubernetes.cri.sandbox-uid"
+	AnnotationContainerName    = "io.kubernetes.cri.container-name"
+	AnnotationImageName        = "io.kubernetes.cri.image-name"
+	// ContainerTypeContainer is AnnotationContainerType's value for a container.
+	ContainerTypeContainer = "container"
+)
+
+// idRE is the container id format crisp accepts (it ends up in cgroup names).
+var idRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+
+// Input is everything the mapping needs.
+type Input struct {
+	// ContainerID is crisp's id of the new container.
+	ContainerID string
+	// SandboxID is the pod's id (for the io.kubernetes.cri.sandbox-id annotation).
+	SandboxID string
+	// Config is the CRI request's container config.
+	Config *runtime.ContainerConfig
+	// Pod is the pod's config, as RunPodSandbox received it.
+	Pod *runtime.PodSandboxConfig
+	// Image is the image's OCI config (Entrypoint, Cmd, Env, WorkingDir, User, ...).
+	Image ocispec.Image
+	// ImageName is the image reference reported in the io.kubernetes.cri.image-name
+	// annotation; empty means Config.Image's user_specified_image, else its image.
+	ImageName string
+	// RootfsPath is a directory where the container's rootfs is readable (mounted) now;
+	// users and groups are resolved from its etc/passwd and etc/group.
+	RootfsPath string
+	// PausePid is the pod's pause process: its ipc, uts and pid namespaces are joined
+	// via /proc/<pid>/ns/*.
+	PausePid int
+	// NetNSPath is the pod's pinned network namespace; "" means the host network.
+	NetNSPath string
+	// PodFilesDir holds hostname, hosts and resolv.conf, bind-mounted at /etc/...
+	PodFilesDir string
+	// ShmPath is a tmpfs the pod's containers share as /dev/shm; "" gives the
+	// container a tmpfs /dev/shm of its own.
+	ShmPath string
+	// CgroupParent is the pod's CRI cgroup_parent ("" = "/crisp", or system.slice with
+	// systemd). The container's cgroup is CgroupParent/crisp-<ContainerID> (cgroupfs)
+	// or <CgroupParent>:crisp:<ContainerID> (systemd).
+	CgroupParent string
+	// SystemdCgroup selects the systemd cgroup driver's path form.
+	SystemdCgroup bool
+	// TargetPid is, for pid namespace mode TARGET, the target container's init pid.
+	TargetPid int
+	// OOMScoreAdjFloor is the lowest oom_score_adj the container may get (criserver's
+	// own); lower requests are raised to it with a warning.
+	OOMScoreAdjFloor int
+}
+
+// Result is the generated spec and what the caller reports or logs about it.
+type Result struct {
+	Spec *specs.Spec
+	// User is what ContainerStatus reports as the container's user.
+	User UserInfo
+	// Warnings name settings that were adjusted or ignored (clamped oom_score_adj, a
+	// seccomp profile on a privileged container, limits the host cannot enforce, ...).
+	Warnings []string
+}
+
+// Generate maps the CRI container config, its pod's config and its image's config to an
+// OCI runtime spec with the semantics kubelet expects, as containerd implements them.
+// Errors caused by the request wrap errdefs.ErrInvalidArgument (a user or group the
+// image does not have: errdefs.ErrNotFound; an unsupported feature:
+// errdefs.ErrNotImplemented; a host not set up for mount propagation:
+// errdefs.ErrFailedPrecondition). Generate only reads the host (the rootfs's user
+// files, mount host paths, devices, seccomp profiles, /proc and /sys facts).
+//
+// Not mapped, on purpose: AppArmor and SELinux (crisp runs neither; a requested
+// Localhost AppArmor profile or SELinux options yield a warning), image VOLUMEs (they
+// stay ordinary directories of the writable rootfs, like CRI-O's image_volumes=ignore),
+// CDI devices (not supported: refused), user namespaces (refused), and stdin/stdin_once
+// (they concern the caller's IO, not the spec).
+func Generate(in Input) (*Result, error) {
+	cfg, pod := in.Config, in.Pod
+	if cfg == nil {
+		return nil, invalidf("container config is required")
+	}
+	if pod == nil {
+		return nil, invalidf("pod sandbox config is required")
+	}
+	if !idRE.MatchString(in.ContainerID) {
+		return nil, invalidf("container id %q is not valid", in.ContainerID)
+	}
+	if cfg.GetMetadata().GetName() == "" {
+		return nil, invalidf("container config has no metadata name")
+	}
+	sc := cfg.GetLinux().GetSecurityContext()
+	privileged := sc.GetPrivileged()
+	// containerd and CRI-O: a privileged container needs a privileged pod (kubelet
+	// marks the pod privileged when any of its containers is).
+	if privileged && !pod.GetLinux().GetSecurityContext().GetPrivileged() {
+		return nil, invalidf("privileged container %q is not allowed in a pod that is not privileged", cfg.GetMetadata().GetName())
+	}
+	for _, ns := range []*runtime.NamespaceOption{sc.GetNamespaceOptions(), pod.GetLinux().GetSecurityContext().GetNamespaceOptions()} {
+		// Mode POD is the enum's zero value: only a present userns_options asks for it.
+		if u := ns.GetUsernsOptions(); u != nil && u.GetMode() == runtime.NamespaceMode_POD {
+			return nil, notImplementedf("user namespaces (hostUsers: false) are not supported")
+		}
+	}
+	if len(cfg.GetCDIDevices()) > 0 {
+		return nil, notImplementedf("CDI devices are not supported (%s)", cfg.GetCDIDevices()[0].GetName())
+	}
+	var warnings []string
+
+	modes := namespaceModes(cfg, pod)
+	hostNetwork := modes.network == runtime.NamespaceMode_NODE
+	if err := checkSysctls(pod.GetLinux().GetSysctls(), hostNetwork, modes.ipc == runtime.NamespaceMode_NODE); err != nil {
+		return nil, err
+	}
+
+	imgCfg := in.Image.Config
+	args, err := processArgs(cfg, imgCfg)
+	if err != nil {
+		return nil, err
+	}
+	hostname := pod.GetHostname()
+	if hostname == "" {
+		// containerd: a pod without a hostname (crictl) has the node's.
+		if hostname, err = osHostname(); err != nil {
+			return nil, fmt.Errorf("hostname for HOSTNAME: %w", err)
+		}
+	}
+	env, err := processEnv(cfg, imgCfg, hostname)
+	if err != nil {
+		return nil, err
+	}
+	cwd, err := workingDir(cfg, imgCfg)
+	if err != nil {
+		return nil, err
+	}
+	ident, err := resolveIdentity(in.RootfsPath, sc, imgCfg.User)
+	if err != nil {
+		return nil, err
+	}
+	caps, err := capabilities(sc.GetCapabilities(), privileged)
+	if err != nil {
+		return nil, err
+	}
+
+	cgroupNS := cgroup2() && !privileged
+	mounts, rootPropagation, err := buildMounts(mountsInput{
+		cfg:          cfg,
+		podFilesDir:  in.PodFilesDir,
+		shmPath:      in.ShmPath,
+		hostIPC:      modes.ipc == runtime.NamespaceMode_NODE,
+		privileged:   privileged,
+		readonlyRoot: sc.GetReadonlyRootfs(),
+		cgroupNS:     cgroupNS,
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	devices, deviceRules, err := criDevices(cfg.GetDevices())
+	if err != nil {
+		return nil, err
+	}
+	if privileged {
+		// Privileged: every host device, and the device cgroup allows all (containerd's
+		// WithHostDevices + WithAllDevicesAllowed). A CRI device keeps its own path.
+		host, err := hostDevices()
+		if err != nil {
+			return nil, fmt.Errorf("list host devices: %w", err)
+		}
+		for _, d := range host {
+			if !slices.ContainsFunc(devices, func(x specs.LinuxDevice) bool { return x.Path == d.Path }) {
+				devices = append(devices, d)
+			}
+		}
+		deviceRules = []specs.LinuxDeviceCgroup{{Allow: true, Access: "rwm"}}
+	} else {
+		// Deny everything, then allow the CRI's devices; runc adds its default
+		// devices (/dev/null, /dev/zero, ...) and their rules itself.
+		deviceRules = append([]specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}}, deviceRules...)
+	}
+
+	resources, resWarnings, err := mapResources(cfg.GetLinux().GetResources())
+	if err != nil {
+		return nil, err
+	}
+	warnings = append(warnings, resWarnings...)
+	resources.Devices = deviceRules
+	oom, clamped, err := oomScoreAdj(cfg.GetLinux().GetResources(), in.OOMScoreAdjFloor)
+	if err != nil {
+		return nil, err
+	}
+	if clamped {
+		warnings = append(warnings, fmt.Sprintf("oom_score_adj %d raised to %d: lower than criserver's own",
+			cfg.GetLinux().GetResources().GetOomScoreAdj(), *oom))
+	}
+
+	nss, err := namespaces(in, modes, privileged)
+	if err != nil {
+		return nil, err
+	}
+	cgPath, err := cgroupsPath(in.CgroupParent, in.ContainerID, in.SystemdCgroup)
+	if err != nil {
+		return nil, err
+	}
+	masked, readonly := maskedAndReadonlyPaths(sc)
+
+	s := &specs.Spec{
+		Version: specs.Version,
+		Process: &specs.Process{
+			Terminal: cfg.GetTty(),
+			User: specs.User{
+				UID:            ident.UID,
+				GID:            ident.GID,
+				AdditionalGids: slices.Clone(ident.AdditionalGIDs),
+			},
+			Args:            args,
+			Env:             env,
+			Cwd:             cwd,
+			Capabilities:    caps,
+			NoNewPrivileges: sc.GetNoNewPrivs(),
+			OOMScoreAdj:     oom,
+		},
+		Root:        &specs.Root{Path: RootfsPath, Readonly: sc.GetReadonlyRootfs()},
+		Mounts:      mounts,
+		Annotations: annotations(in),
+		Linux: &specs.Linux{
+			Resources:         resources,
+			CgroupsPath:       cgPath,
+			Namespaces:        nss,
+			Devices:           devices,
+			RootfsPropagation: rootPropagation,
+			MaskedPaths:       masked,
+			ReadonlyPaths:     readonly,
+		},
+	}
+	seccompFilter, warning, err := seccompFor(sc, s)
+	if err != nil {
+		return nil, err
+	}
+	s.Linux.Seccomp = seccompFilter
+	if warning != "" {
+		warnings = append(warnings, warning)
+	}
+	if ap := sc.GetApparmor(); ap.GetProfileType() == runtime.SecurityProfile_Localhost {
+		warnings = append(warnings, fmt.Sprintf("AppArmor profile %q ignored: crisp does not apply AppArmor profiles", ap.GetLocalhostRef()))
+	}
+	if se := sc.GetSelinuxOptions(); se.GetType() != "" || se.GetLevel() != "" || se.GetRole() != "" || se.GetUser() != "" {
+		warnings = append(warnings, "SELinux options ignored: crisp does not apply SELinux labels")
+	}
+	return &Result{Spec: s, User: ident, Warnings: warnings}, nil
+}
+
+// annotations are the CRI's container annotations plus containerd's, which are set last
+// so that a request cannot forge them.
+func annotations(in Input) map[string]string {
+	a := maps.Clone(in.Config.GetAnnotations())
+	if a == nil {
+		a = map[string]string{}
+	}
+	image := in.ImageName
+	if image == "" {
+		image = in.Config.GetImage().GetUserSpecifiedImage()
+	}
+	if image == "" {
+		image = in.Config.GetImage().GetImage()
+	}
+	md := in.Pod.GetMetadata()
+	a[AnnotationContainerType] = ContainerTypeContainer
+	a[AnnotationSandboxID] = in.SandboxID
+	a[AnnotationSandboxName] = md.GetName()
+	a[AnnotationSandboxNamespace] = md.GetNamespace()
+	a[AnnotationSandboxUID] = md.GetUid()
+	a[AnnotationContainerName] = in.Config.GetMetadata().GetName()
+	a[AnnotationImageName] = image
+	return a
+}

@@ -1,0 +1,487 @@
+package task
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/crisp-runtime/crisp/shim/crilog"
+	"github.com/opencontainers/runc/libcontainer"
+	"golang.org/x/sys/unix"
+)
+
+// ioConfig says where a process's stdio goes.
+type ioConfig struct {
+	terminal bool
+	// stdin, stdout and stderr are FIFOs the caller created ("" = none).
+	stdin, stdout, stderr string
+	// log, when set, receives stdout and stderr (the terminal as stdout) in the CRI log
+	// format instead of the stdout and stderr FIFOs.
+	log *crilog.Writer
+}
+
+// stdio is the shim's side of a process's standard streams.
+type stdio struct {
+	log *slog.Logger
+
+	// childFiles are the process's ends (pipe ends, FIFOs handed over directly, the
+	// console socket); the shim closes its copies once the process has started.
+	childFiles []*os.File
+	// consoleSock is the shim's end of the console socket until the pty master arrives.
+	consoleSock int
+	// termOut receives the terminal's output; nil drains it.
+	termOut     io.Writer
+	termOutDone func()
+
+	console *os.File // pty master, nil without a terminal
+	stdin   *stdinCopier
+	outputs []output
+	// owned are closed by close: output sources, the console, FIFOs the shim writes.
+	owned []*os.File
+
+	running atomic.Int32
+	drained chan struct{} // closed once every output copier has returned
+	once    sync.Once
+}
+
+// output is one stream the shim copies: from the process's pipe or pty to dst.
+type output struct {
+	src  *os.File
+	dst  io.Writer
+	done func() // runs when the copy ends (flushes a log stream)
+}
+
+// openStdio prepares the stdio of lp before it is started. On error nothing stays open.
+func openStdio(cfg ioConfig, lp *libcontainer.Process, log *slog.Logger) (_ *stdio, retErr error) {
+	s := &stdio{log: log, consoleSock: -1, drained: make(chan struct{})}
+	defer func() {
+		if retErr != nil {
+			s.abort()
+		}
+	}()
+	if cfg.terminal {
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("console socket: %w", err)
+		}
+		s.consoleSock = fds[0]
+		child := os.NewFile(uintptr(fds[1]), "console-socket")
+		s.childFiles = append(s.childFiles, child)
+		lp.ConsoleSocket = child
+		switch {
+		case cfg.log != nil:
+			st := cfg.log.Stream(crilog.Stdout)
+			s.termOut, s.termOutDone = &logSink{s: st, log: log}, func() { _ = st.Close() }
+		case cfg.stdout != "":
+			f, err := os.OpenFile(cfg.stdout, os.O_RDWR, 0)
+			if err != nil {
+				return nil, fmt.Errorf("open stdout fifo: %w", err)
+			}
+			s.owned = append(s.owned, f)
+			s.termOut = f
+		}
+		if cfg.stdin != "" {
+			s.stdin = &stdinCopier{path: cfg.stdin, done: make(chan struct{})}
+		}
+		return s, nil
+	}
+
+	if cfg.stdin != "" {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return nil, fmt.Errorf("stdin pipe: %w", err)
+		}
+		s.childFiles = append(s.childFiles, r)
+		lp.Stdin = r
+		// The copier owns the write end: closing it is how the process sees EOF.
+		s.stdin = &stdinCopier{path: cfg.stdin, dst: w, closeDst: true, done: make(chan struct{})}
+	}
+	var direct map[string]*os.File
+	for _, o := range []struct {
+		name, path string
+		set        func(*os.File)
+	}{
+		{crilog.Stdout, cfg.stdout, func(f *os.File) { lp.Stdout = f }},
+		{crilog.Stderr, cfg.stderr, func(f *os.File) { lp.Stderr = f }},
+	} {
+		switch {
+		case cfg.log != nil:
+			r, w, err := os.Pipe()
+			if err != nil {
+				return nil, fmt.Errorf("%s pipe: %w", o.name, err)
+			}
+			s.childFiles = append(s.childFiles, w)
+			s.owned = append(s.owned, r)
+			o.set(w)
+			st := cfg.log.Stream(o.name)
+			s.outputs = append(s.outputs, output{src: r, dst: &logSink{s: st, log: log}, done: func() { _ = st.Close() }})
+		case o.path != "":
+			// The FIFO itself becomes the process's stdout: no copy, no goroutine,
+			// no buffer in the shim. O_RDWR never blocks and keeps a reader, so an
+			// early write does not fail before the caller opened its end (containerd's
+			// shim keeps a reader open for the same reason).
+			f := direct[o.path]
+			if f == nil {
+				fd, err := unix.Open(o.path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+				if err != nil {
+					return nil, fmt.Errorf("open %s fifo %s: %w", o.name, o.path, err)
+				}
+				f = os.NewFile(uintptr(fd), o.path)
+				s.childFiles = append(s.childFiles, f)
+				if direct == nil {
+					direct = map[string]*os.File{}
+				}
+				direct[o.path] = f
+			}
+			o.set(f)
+		}
+	}
+	return s, nil
+}
+
+// started finishes the setup once the process runs: the shim's copies of the process's
+// ends are closed, the pty master is received, and the copiers start.
+func (s *stdio) started() error {
+	for _, f := range s.childFiles {
+		_ = f.Close()
+	}
+	s.childFiles = nil
+	if s.consoleSock >= 0 {
+		master, err := recvConsole(s.consoleSock)
+		_ = unix.Close(s.consoleSock)
+		s.consoleSock = -1
+		if err != nil {
+			close(s.drained) // no copier will run
+			return err
+		}
+		s.console = master
+		s.owned = append(s.owned, master)
+		dst, done := s.termOut, s.termOutDone
+		if dst == nil {
+			// Nobody reads the terminal, but an unread pty fills up and blocks the
+			// process, so it is drained.
+			dst = io.Discard
+		}
+		s.outputs = append(s.outputs, output{src: master, dst: dst, done: done})
+		if s.stdin != nil {
+			s.stdin.dst = master
+		}
+	}
+	s.running.Store(int32(len(s.outputs)))
+	if len(s.outputs) == 0 {
+		close(s.drained)
+	}
+	for _, o := range s.outputs {
+		go s.copyOutput(o)
+	}
+	if s.stdin != nil {
+		s.stdin.start()
+	}
+	return nil
+}
+
+func (s *stdio) copyOutput(o output) {
+	if err := copyFile(o.dst, o.src); err != nil && !errors.Is(err, os.ErrClosed) {
+		s.log.Warn("copy process output", "error", err)
+	}
+	if o.done != nil {
+		o.done()
+	}
+	if s.running.Add(-1) == 0 {
+		close(s.drained)
+	}
+}
+
+// drain waits up to timeout for the outputs to reach EOF (every writer, the process and
+// anything it left behind, has closed them) and reports whether they did.
+func (s *stdio) drain(timeout time.Duration) bool {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-s.drained:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// closeStdin closes the process's stdin (CloseIO).
+func (s *stdio) closeStdin() {
+	if s.stdin != nil {
+		s.stdin.stop(s.log)
+	}
+}
+
+// resize sets the terminal size.
+func (s *stdio) resize(width, height uint32) error {
+	if s.console == nil {
+		return errNoTerminal
+	}
+	rc, err := s.console.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ierr error
+	if err := rc.Control(func(fd uintptr) {
+		ierr = unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &unix.Winsize{Row: uint16(height), Col: uint16(width)})
+	}); err != nil {
+		return err
+	}
+	return ierr
+}
+
+var errNoTerminal = errors.New("the process has no terminal")
+
+// close releases everything: copiers stop, files close. Output not read by now is lost.
+func (s *stdio) close() {
+	s.once.Do(func() {
+		for _, f := range s.owned {
+			_ = f.Close()
+		}
+		if s.stdin != nil {
+			s.stdin.stop(s.log)
+		}
+		if !s.drain(2 * time.Second) {
+			s.log.Warn("output copiers still running after close")
+		}
+	})
+}
+
+// abort undoes openStdio when the process never started.
+func (s *stdio) abort() {
+	for _, f := range s.childFiles {
+		_ = f.Close()
+	}
+	s.childFiles = nil
+	if s.consoleSock >= 0 {
+		_ = unix.Close(s.consoleSock)
+		s.consoleSock = -1
+	}
+	for _, f := range s.owned {
+		_ = f.Close()
+	}
+	if s.stdin != nil && s.stdin.closeDst {
+		_ = s.stdin.dst.Close()
+	}
+	if s.termOutDone != nil {
+		s.termOutDone()
+	}
+	for _, o := range s.outputs {
+		if o.done != nil {
+			o.done()
+		}
+	}
+}
+
+// recvConsole receives the pty master that libcontainer's init sends over the console
+// socket (runc's recvtty does the same); the init has sent it before Start returned.
+func recvConsole(sock int) (*os.File, error) {
+	var name [256]byte
+	oob := make([]byte, unix.CmsgSpace(4))
+	n, oobn, _, _, err := unix.Recvmsg(sock, name[:], oob, unix.MSG_CMSG_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("receive console: %w", err)
+	}
+	if n == 0 && oobn == 0 {
+		return nil, errors.New("receive console: the process closed the console socket without sending one")
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		return nil, fmt.Errorf("receive console: bad control message (%d messages): %v", len(msgs), err)
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(fds) == 0 {
+		return nil, fmt.Errorf("receive console: no file descriptor: %v", err)
+	}
+	for _, fd := range fds[1:] {
+		_ = unix.Close(fd)
+	}
+	fd := fds[0]
+	// Without this the pty turns every "\n" into "\r\n" (runc's recvtty clears it too).
+	if t, err := unix.IoctlGetTermios(fd, unix.TCGETS); err == nil {
+		t.Oflag &^= unix.ONLCR
+		_ = unix.IoctlSetTermios(fd, unix.TCSETS, t)
+	}
+	// Non-blocking, so os.File reads it through the runtime poller: an idle terminal
+	// costs no thread, and Close interrupts a pending read.
+	if err := unix.SetNonblock(fd, true); err != nil {
+		_ = unix.Close(fd)
+		return nil, fmt.Errorf("console: %w", err)
+	}
+	return os.NewFile(uintptr(fd), string(name[:n])), nil
+}
+
+// bufPool holds copy buffers shared by every stream of the shim.
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// copyFile copies src to dst until EOF, a read error or src being closed. src must be
+// pollable (a pipe, FIFO or pty): the copier waits for data before it takes a buffer from
+// the pool, so an idle stream, the usual state, holds none.
+func copyFile(dst io.Writer, src *os.File) error {
+	rc, err := src.SyscallConn()
+	if err != nil {
+		return err
+	}
+	for {
+		var (
+			buf  *[]byte
+			n    int
+			rerr error
+		)
+		err := rc.Read(func(fd uintptr) bool {
+			b := bufPool.Get().(*[]byte)
+			for {
+				n, rerr = unix.Read(int(fd), *b)
+				if rerr != unix.EINTR {
+					break
+				}
+			}
+			if rerr == unix.EAGAIN {
+				bufPool.Put(b)
+				return false
+			}
+			buf = b
+			return true
+		})
+		if err != nil {
+			if buf != nil {
+				bufPool.Put(buf)
+			}
+			return err
+		}
+		if rerr != nil || n <= 0 {
+			bufPool.Put(buf)
+			// EIO is how a pty master reports that the last slave fd closed.
+			if n == 0 || rerr == unix.EIO {
+				return nil
+			}
+			return rerr
+		}
+		_, werr := dst.Write((*buf)[:n])
+		bufPool.Put(buf)
+		if werr != nil {
+			return werr
+		}
+	}
+}
+
+// logSink feeds a CRI log stream and keeps draining when the file cannot be written: a
+// full disk must not block the container on a full pipe.
+type logSink struct {
+	s      *crilog.Stream
+	log    *slog.Logger
+	failed bool
+}
+
+func (l *logSink) Write(p []byte) (int, error) {
+	if _, err := l.s.Write(p); err != nil && !l.failed {
+		l.failed = true
+		l.log.Warn("write container log; later errors are not logged", "error", err)
+	}
+	return len(p), nil
+}
+
+// stdinCopier copies a stdin FIFO into the process's stdin (a pipe or the pty master).
+type stdinCopier struct {
+	path     string
+	dst      *os.File
+	closeDst bool // dst is the stdin pipe: closing it gives the process EOF
+
+	mu      sync.Mutex
+	src     *os.File
+	started bool
+	stopped bool
+	done    chan struct{}
+}
+
+func (c *stdinCopier) start() {
+	c.mu.Lock()
+	c.started = true
+	c.mu.Unlock()
+	go c.run()
+}
+
+func (c *stdinCopier) run() {
+	defer close(c.done)
+	// Opening a FIFO for reading blocks until a writer opens it. That is wanted: a
+	// read before the caller has connected would see EOF at once.
+	f, err := os.OpenFile(c.path, os.O_RDONLY, 0)
+	c.mu.Lock()
+	if err != nil || c.stopped {
+		c.mu.Unlock()
+		if f != nil {
+			_ = f.Close()
+		}
+		c.finish()
+		return
+	}
+	c.src = f
+	c.mu.Unlock()
+	_ = copyFile(c.dst, f)
+	c.finish()
+}
+
+func (c *stdinCopier) finish() {
+	c.mu.Lock()
+	src := c.src
+	c.src = nil
+	c.mu.Unlock()
+	if src != nil {
+		_ = src.Close()
+	}
+	if c.closeDst {
+		_ = c.dst.Close()
+	}
+}
+
+// stop ends the copy and gives the process EOF; it returns once the copier has exited.
+func (c *stdinCopier) stop(log *slog.Logger) {
+	c.mu.Lock()
+	already, started, src := c.stopped, c.started, c.src
+	c.stopped = true
+	c.mu.Unlock()
+	if already {
+		return
+	}
+	if !started {
+		if c.closeDst {
+			_ = c.dst.Close()
+		}
+		return
+	}
+	if src != nil {
+		_ = src.Close()
+	}
+	if c.closeDst {
+		// Also releases a copier blocked writing to a process that does not read.
+		_ = c.dst.Close()
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		select {
+		case <-c.done:
+			return
+		default:
+		}
+		// A copier still blocked opening the FIFO is released by a writer that
+		// comes and goes (the open of the writer succeeds because a reader waits).
+		if w, err := os.OpenFile(c.path, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			_ = w.Close()
+		}
+		if time.Now().After(deadline) {
+			log.Warn("stdin copier did not stop", "fifo", c.path)
+			return
+		}
+		select {
+		case <-c.done:
+			return
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
