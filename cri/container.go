@@ -265,6 +265,8 @@ func (s *Service) generateSpec(id string, cfg *runtime.ContainerConfig, p *pod, 
 	}
 	return spec.Generate(spec.Input{
 		ContainerID:      id,
+		SandboxID:        p.rec.ID,
+		ImageName:        cfg.GetImage().GetImage(),
 		Config:           cfg,
 		Pod:              p.config,
 		Image:            imgSpec,

@@ -129,7 +129,7 @@ func TestE2EContainerLifecycleAndLogs(t *testing.T) {
 	}
 
 	// ExecSync against a running container.
-	run := e.runCtr(ctx, podID, pod, ctrConfig("sleeper", img, "sleep", "1000"))
+	run := e.runCtr(ctx, podID, pod, ctrConfig("sleeper", img, "sh", "-c", "trap '' TERM; sleep 1000 & wait"))
 	resp, err := e.execSync(ctx, run, 10, "echo", "hi")
 	if err != nil || string(resp.Stdout) != "hi\n" || resp.ExitCode != 0 {
 		t.Fatalf("exec echo: %v %v", resp, err)
@@ -151,7 +151,7 @@ func TestE2EContainerLifecycleAndLogs(t *testing.T) {
 	if len(list.GetContainers()) != 1 {
 		t.Fatalf("label filter: %v", list)
 	}
-	// sleep is PID 1 of its own pid namespace and ignores SIGTERM: the timeout kills it.
+	// The shell ignores SIGTERM: the timeout's SIGKILL ends it.
 	start = time.Now()
 	if _, err := e.rt.StopContainer(ctx, &cri.StopContainerRequest{ContainerId: run, Timeout: 1}); err != nil {
 		t.Fatal(err)
@@ -235,7 +235,7 @@ func TestE2EContainersSharePod(t *testing.T) {
 	pod := e.podConfig("shared")
 	pod.Linux.SecurityContext.NamespaceOptions.Pid = cri.NamespaceMode_POD
 	podID := e.runPod(ctx, pod)
-	server := ctrConfig("server", img, "sh", "-c", "ipcmk -M 4096; while true; do echo pong | nc -l -p 7070; done")
+	server := ctrConfig("server", img, "sh", "-c", "echo shared > /dev/shm/marker; while true; do echo pong | nc -l -p 7070; done")
 	a := e.runCtr(ctx, podID, pod, server)
 	b := e.runCtr(ctx, podID, pod, ctrConfig("client", img, "sleep", "1000"))
 	var out string
@@ -251,9 +251,24 @@ func TestE2EContainersSharePod(t *testing.T) {
 	if out == "" {
 		t.Fatal("the second container never reached the first on localhost")
 	}
-	resp, err := e.execSync(ctx, b, 5, "ipcs", "-m")
-	if err != nil || !strings.Contains(string(resp.Stdout), "4096") {
-		t.Errorf("shared IPC: %v %q", err, resp.GetStdout())
+	// IPC, UTS and net namespaces are the pod's; /dev/shm is shared too.
+	nsOf := func(id string) string {
+		resp, err := e.execSync(ctx, id, 5, "readlink", "/proc/self/ns/ipc", "/proc/self/ns/uts", "/proc/self/ns/net", "/proc/self/ns/pid")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(resp.Stdout)
+	}
+	if na, nb := nsOf(a), nsOf(b); na != nb {
+		t.Errorf("containers of one pod are in different namespaces:\n%s\n%s", na, nb)
+	}
+	host, _ := os.Readlink("/proc/self/ns/ipc")
+	if strings.Contains(nsOf(a), host) {
+		t.Errorf("container shares the host's IPC namespace %s", host)
+	}
+	resp, err := e.execSync(ctx, b, 5, "cat", "/dev/shm/marker")
+	if err != nil || string(resp.Stdout) != "shared\n" {
+		t.Errorf("shared /dev/shm: %v %q", err, resp.GetStdout())
 	}
 	resp, err = e.execSync(ctx, b, 5, "ps")
 	if err != nil || !strings.Contains(string(resp.Stdout), "nc -l -p 7070") {
@@ -325,21 +340,25 @@ func TestE2EContainerSecurity(t *testing.T) {
 	check("no capabilities", "CapEff:\t0000000000000000", "grep", "CapEff", "/proc/self/status")
 	check("no new privs", "NoNewPrivs:\t1", "grep", "NoNewPrivs", "/proc/self/status")
 	check("seccomp denies mkdir", "Operation not permitted", "sh", "-c", "mkdir /tmp/x 2>&1; true")
-	check("masked kcore", "0", "sh", "-c", "wc -c < /proc/kcore")
+	check("masked /proc/keys", "0", "sh", "-c", "wc -c < /proc/keys")
 	check("read-only /proc/sys", "Read-only file system", "sh", "-c", "echo 1 > /proc/sys/kernel/shm_rmid_forced 2>&1; true")
 	st, err := e.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: id})
 	if err != nil || st.Status.User.GetLinux().GetUid() != 65534 {
 		t.Errorf("status user: %v %v", st.GetStatus().GetUser(), err)
 	}
 
-	// Privileged: all capabilities.
+	// Privileged (in a privileged pod, as kubelet requires): all capabilities.
+	ppod := e.podConfig("privpod")
+	ppod.Linux.SecurityContext.Privileged = true
+	ppodID := e.runPod(ctx, ppod)
 	priv := ctrConfig("priv", img, "sleep", "1000")
 	priv.Linux.SecurityContext.Privileged = true
-	pid := e.runCtr(ctx, podID, pod, priv)
+	pid := e.runCtr(ctx, ppodID, ppod, priv)
 	resp, err := e.execSync(ctx, pid, 10, "grep", "CapEff", "/proc/self/status")
 	if err != nil || strings.Contains(string(resp.Stdout), "0000000000000000") {
 		t.Errorf("privileged caps: %v %q", err, resp.GetStdout())
 	}
+	e.stopRemove(ctx, t, ppodID)
 	e.stopRemove(ctx, t, podID)
 	e.assertNodeClean(t)
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/containerd/ttrpc"
 	"github.com/crisp-runtime/crisp/shim/reaper"
 	"github.com/crisp-runtime/crisp/shim/sandbox"
+	"github.com/crisp-runtime/crisp/shim/task"
 	"golang.org/x/sys/unix"
 )
 
@@ -80,12 +82,23 @@ func Serve(ctx context.Context, f Flags, log *slog.Logger) error {
 		BeforeShutdownReply: removeSocket,
 		AfterShutdownReply:  func() { exitOnce.Do(func() { close(exit) }) },
 	})
+	tasks, err := task.New(task.Config{
+		SandboxID: f.ID,
+		StateRoot: filepath.Join(bundle, TaskStateDir),
+		Logger:    log,
+		Reaper:    r,
+	})
+	if err != nil {
+		l.Close()
+		return err
+	}
 	server, err := ttrpc.NewServer()
 	if err != nil {
 		l.Close()
 		return fmt.Errorf("ttrpc server: %w", err)
 	}
-	sandboxapi.RegisterTTRPCSandboxService(server, svc)
+	sandboxapi.RegisterTTRPCSandboxService(server, &podSandbox{Service: svc, id: f.ID, tasks: tasks, log: log})
+	task.Register(server, tasks)
 
 	tl := &trackingListener{Listener: l}
 	served := make(chan error, 1)
@@ -104,6 +117,9 @@ func Serve(ctx context.Context, f Flags, log *slog.Logger) error {
 	case sig := <-sigs:
 		log.Info("signal received, shutting down", "signal", sig.String())
 		sctx, scancel := context.WithTimeout(ctx, signalShutdownTimeout)
+		if err := tasks.DeleteAll(sctx); err != nil {
+			log.Error("delete containers", "error", err)
+		}
 		if err := svc.Shutdown(sctx); err != nil {
 			log.Error("shutdown", "error", err)
 		}
@@ -131,6 +147,34 @@ func Serve(ctx context.Context, f Flags, log *slog.Logger) error {
 	}
 	log.Info("shim exiting")
 	return nil
+}
+
+// TaskStateDir is libcontainer's state root inside the shim's bundle.
+const TaskStateDir = "libcontainer"
+
+// podSandbox is the sandbox service whose ShutdownSandbox first deletes the pod's
+// containers (processes, cgroups, rootfs mounts): they must not outlive the shim that
+// tracks them.
+type podSandbox struct {
+	*sandbox.Service
+	id    string
+	tasks *task.Service
+	log   *slog.Logger
+}
+
+func (p *podSandbox) ShutdownSandbox(ctx context.Context, req *sandboxapi.ShutdownSandboxRequest) (*sandboxapi.ShutdownSandboxResponse, error) {
+	var delErr error
+	if req.GetSandboxID() == p.id {
+		if delErr = p.tasks.DeleteAll(ctx); delErr != nil {
+			p.log.Error("delete containers before shutdown", "error", delErr)
+		}
+	}
+	resp, err := p.Service.ShutdownSandbox(ctx, req)
+	if err == nil && delErr != nil {
+		// The shim exits all the same; the error tells the caller what is left.
+		return nil, fmt.Errorf("shutdown sandbox %s: %w", p.id, delErr)
+	}
+	return resp, err
 }
 
 // trackingListener counts the connections it accepted until they are closed.

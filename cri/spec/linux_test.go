@@ -492,6 +492,10 @@ func TestAnnotations(t *testing.T) {
 	})
 	in.ImageName = "docker.io/library/busybox:latest"
 	equal(t, "image name", mustGenerate(t, in).Spec.Annotations[AnnotationImageName], in.ImageName)
+	in.SandboxID = ""
+	if v, ok := mustGenerate(t, in).Spec.Annotations[AnnotationSandboxID]; ok {
+		t.Errorf("sandbox-id annotation %q without a sandbox id", v)
+	}
 }
 
 func TestBadInput(t *testing.T) {
@@ -513,4 +517,37 @@ func TestBadInput(t *testing.T) {
 			wantErr(t, err, isInvalid, tc.want)
 		})
 	}
+}
+
+// TestGenerateOnThisHost runs Generate with the real host probes (cgroup version,
+// mountinfo, capabilities, /dev), privileged and not, to catch a probe that fails
+// outside the stubs.
+func TestGenerateOnThisHost(t *testing.T) {
+	in := baseInput(t)
+	in.Config.Devices = []*runtime.Device{{ContainerPath: "/dev/x", HostPath: "/dev/null", Permissions: "rwm"}}
+	sc(in).Seccomp = &runtime.SecurityProfile{ProfileType: runtime.SecurityProfile_RuntimeDefault}
+	in.Config.Linux.Resources = &runtime.LinuxContainerResources{MemoryLimitInBytes: 64 << 20}
+	res := mustGenerate(t, in)
+	if len(res.Spec.Process.Capabilities.Bounding) != len(defaultCapabilities) || res.Spec.Linux.Seccomp == nil {
+		t.Errorf("caps %v seccomp %v", res.Spec.Process.Capabilities.Bounding, res.Spec.Linux.Seccomp != nil)
+	}
+	if got := findNamespace(res.Spec, specs.CgroupNamespace); got != cgroup2() {
+		t.Errorf("cgroup namespace %v on a host with cgroup v2 %v", got, cgroup2())
+	}
+
+	in.Pod.Linux.SecurityContext.Privileged = true
+	sc(in).Privileged = true
+	res = mustGenerate(t, in)
+	all, err := allCapabilities()
+	if err != nil || len(all) == 0 {
+		t.Fatalf("all capabilities %v: %v", all, err)
+	}
+	equal(t, "privileged caps", res.Spec.Process.Capabilities.Bounding, all)
+	if len(res.Spec.Linux.Devices) < 2 {
+		t.Errorf("privileged devices %d: want the host's", len(res.Spec.Linux.Devices))
+	}
+}
+
+func findNamespace(s *specs.Spec, typ specs.LinuxNamespaceType) bool {
+	return slices.ContainsFunc(s.Linux.Namespaces, func(n specs.LinuxNamespace) bool { return n.Type == typ })
 }

@@ -36,7 +36,8 @@ var idRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
 type Input struct {
 	// ContainerID is crisp's id of the new container.
 	ContainerID string
-	// SandboxID is the pod's id (for the io.kubernetes.cri.sandbox-id annotation).
+	// SandboxID is the pod's id, for the io.kubernetes.cri.sandbox-id annotation
+	// (left out when empty).
 	SandboxID string
 	// Config is the CRI request's container config.
 	Config *runtime.ContainerConfig
@@ -75,6 +76,7 @@ type Input struct {
 
 // Result is the generated spec and what the caller reports or logs about it.
 type Result struct {
+	// Spec is the OCI runtime spec, for <bundle>/config.json.
 	Spec *specs.Spec
 	// User is what ContainerStatus reports as the container's user.
 	User UserInfo
@@ -287,7 +289,10 @@ func annotations(in Input) map[string]string {
 	}
 	md := in.Pod.GetMetadata()
 	a[AnnotationContainerType] = ContainerTypeContainer
-	a[AnnotationSandboxID] = in.SandboxID
+	delete(a, AnnotationSandboxID) // never the request's own
+	if in.SandboxID != "" {
+		a[AnnotationSandboxID] = in.SandboxID
+	}
 	a[AnnotationSandboxName] = md.GetName()
 	a[AnnotationSandboxNamespace] = md.GetNamespace()
 	a[AnnotationSandboxUID] = md.GetUid()

@@ -64,6 +64,8 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	// Built on first use by the container tests (task_test.go).
+	defer removeBusyboxLower()
 	return m.Run()
 }
 

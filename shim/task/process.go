@@ -21,12 +21,11 @@ type process struct {
 	// spec is an exec's process until it is started.
 	spec *specs.Process
 
-	// Set when started; read-only afterwards.
-	lp    *libcontainer.Process
-	pid   int
-	stdio *stdio
-
-	mu         sync.Mutex
+	mu sync.Mutex
+	// lp, pid and stdio are set once when the process starts.
+	lp         *libcontainer.Process
+	pid        int
+	stdio      *stdio
 	status     taskapi.Status
 	exitStatus uint32
 	exitedAt   time.Time
@@ -43,6 +42,20 @@ func (p *process) state() (taskapi.Status, uint32, time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.status, p.exitStatus, p.exitedAt
+}
+
+// setStarted records the started process.
+func (p *process) setStarted(lp *libcontainer.Process, pid int, sio *stdio) {
+	p.mu.Lock()
+	p.lp, p.pid, p.stdio = lp, pid, sio
+	p.mu.Unlock()
+}
+
+// started returns what setStarted recorded (nils before).
+func (p *process) started() (*libcontainer.Process, int, *stdio) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.lp, p.pid, p.stdio
 }
 
 // setRunning marks a created process running; an exit recorded meanwhile wins.
@@ -74,14 +87,15 @@ func (p *process) exited() bool {
 // signal sends sig to the process; ErrProcessDone once it has exited. libcontainer
 // signals through the pidfd Go keeps for the process, so a reused pid is never hit.
 func (p *process) signal(sig syscall.Signal) error {
-	if p.lp == nil {
+	lp, pid, _ := p.started()
+	if lp == nil {
 		return errNotStarted
 	}
-	if err := p.lp.Signal(sig); err != nil {
+	if err := lp.Signal(sig); err != nil {
 		if errors.Is(err, os.ErrProcessDone) {
 			return err
 		}
-		return fmt.Errorf("signal pid %d: %w", p.pid, err)
+		return fmt.Errorf("signal pid %d: %w", pid, err)
 	}
 	return nil
 }

@@ -1,0 +1,211 @@
+package task
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	taskapi "github.com/containerd/containerd/api/types/task"
+	"github.com/crisp-runtime/crisp/mount"
+	"github.com/crisp-runtime/crisp/shim/crilog"
+	"github.com/opencontainers/runc/libcontainer"
+	"golang.org/x/sys/unix"
+)
+
+// Timeouts of the exit path.
+const (
+	// drainTimeout bounds how long an exit waits for the output to be copied: a
+	// daemonized child may hold the pipe open forever.
+	drainTimeout = 2 * time.Second
+	// killTimeout bounds the wait for a SIGKILLed process (D state never ends).
+	killTimeout = 10 * time.Second
+)
+
+// container is one libcontainer container of the pod.
+type container struct {
+	id     string
+	bundle string
+	// rootfs is the directory the shim mounted the rootfs at, "" if it mounted nothing.
+	rootfs     string
+	privatePID bool
+	lc         *libcontainer.Container
+	init       *process
+	logw       *crilog.Writer // nil without a log path
+	oom        *oomWatch      // nil if the memory cgroup cannot be watched
+	log        *slog.Logger
+	svc        *Service
+
+	// opMu serialises the operations that change the container (start, exec start,
+	// update, delete); status, wait and kill never wait for it.
+	opMu sync.Mutex
+
+	mu      sync.Mutex // guards execs and deleted
+	execs   map[string]*process
+	deleted bool
+}
+
+// process returns the init ("") or an exec.
+func (c *container) process(execID string) (*process, error) {
+	if execID == "" {
+		return c.init, nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p, ok := c.execs[execID]
+	if !ok {
+		return nil, notFound("exec %q of container %q not found", execID, c.id)
+	}
+	return p, nil
+}
+
+// waitInit is the one waiter of the container's init.
+func (c *container) waitInit() {
+	p := c.init
+	lp, pid, sio := p.started()
+	if err := waitExited(pid); err != nil {
+		c.log.Warn("wait for container exit through pidfd", "error", err)
+	}
+	ps, err := lp.Wait()
+	at := time.Now()
+	c.svc.reaper.Forget(pid)
+	status := exitStatus(ps)
+	if ps == nil {
+		c.log.Error("wait for container init", "pid", pid, "error", err)
+	}
+	if !c.privatePID {
+		// In a shared PID namespace nothing kills the rest of the container with its
+		// init (containerd's shim kills them too).
+		c.killAll(unix.SIGKILL)
+	}
+	drained := sio.drain(drainTimeout)
+	if drained {
+		sio.close()
+		if c.logw != nil {
+			_ = c.logw.Close()
+		}
+	} else {
+		c.log.Warn("container output still open after exit; closed on delete")
+	}
+	oom := c.oom != nil && c.oom.check()
+	p.setExited(status, at)
+	c.log.Info("container exited", "pid", pid, "exit_status", status, "oom_killed", oom)
+	c.svc.releaseMemory()
+}
+
+// waitExec is the one waiter of an exec.
+func (c *container) waitExec(p *process) {
+	lp, pid, sio := p.started()
+	if err := waitExited(pid); err != nil {
+		c.log.Warn("wait for exec exit through pidfd", "exec", p.execID, "error", err)
+	}
+	ps, err := lp.Wait()
+	at := time.Now()
+	c.svc.reaper.Forget(pid)
+	if ps == nil {
+		c.log.Error("wait for exec", "exec", p.execID, "pid", pid, "error", err)
+	}
+	if !sio.drain(drainTimeout) {
+		c.log.Warn("exec output still open after exit", "exec", p.execID)
+	}
+	// Nothing more can come: release the fds and goroutines now, not only on delete.
+	sio.close()
+	p.setExited(exitStatus(ps), at)
+	c.log.Debug("exec exited", "exec", p.execID, "pid", pid, "exit_status", exitStatus(ps))
+	c.svc.releaseMemory()
+}
+
+// killAll signals every process in the container's cgroup.
+func (c *container) killAll(sig syscall.Signal) {
+	pids, err := c.lc.Processes()
+	if err != nil {
+		c.log.Debug("list container processes", "error", err)
+		return
+	}
+	for _, pid := range pids {
+		if err := unix.Kill(pid, sig); err != nil && !errors.Is(err, unix.ESRCH) {
+			c.log.Warn("signal container process", "pid", pid, "error", err)
+		}
+	}
+}
+
+// stop kills the container's processes and waits until the init's exit is recorded.
+func (c *container) stop() error {
+	if !c.init.exited() {
+		// libcontainer's Signal kills every process of the cgroup for SIGKILL when
+		// the PID namespace is shared; a private one dies with its init.
+		if err := c.lc.Signal(unix.SIGKILL); err != nil && !errors.Is(err, libcontainer.ErrNotRunning) {
+			c.log.Warn("kill container", "error", err)
+		}
+	}
+	t := time.NewTimer(killTimeout)
+	defer t.Stop()
+	select {
+	case <-c.init.done:
+	case <-t.C:
+		return fmt.Errorf("container %s did not exit %s after SIGKILL", c.id, killTimeout)
+	}
+	// Execs die with the container; wait for their waiters so nothing is left.
+	c.mu.Lock()
+	execs := make([]*process, 0, len(c.execs))
+	for _, p := range c.execs {
+		execs = append(execs, p)
+	}
+	c.mu.Unlock()
+	for _, p := range execs {
+		if err := c.stopExec(p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// stopExec kills a running exec and waits for its waiter.
+func (c *container) stopExec(p *process) error {
+	st, _, _ := p.state()
+	if st == taskapi.Status_CREATED {
+		return nil
+	}
+	if !p.exited() {
+		if err := p.signal(unix.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
+			c.log.Warn("kill exec", "exec", p.execID, "error", err)
+		}
+	}
+	t := time.NewTimer(killTimeout)
+	defer t.Stop()
+	select {
+	case <-p.done:
+		return nil
+	case <-t.C:
+		return fmt.Errorf("exec %s did not exit %s after SIGKILL", p.execID, killTimeout)
+	}
+}
+
+// destroy removes what the container holds once its processes are gone: stdio, log, OOM
+// watch, libcontainer state and cgroup leaf, and the rootfs mount.
+func (c *container) destroy() error {
+	var errs []error
+	if _, _, sio := c.init.started(); sio != nil {
+		sio.close()
+	}
+	if c.logw != nil {
+		_ = c.logw.Close()
+	}
+	if c.oom != nil {
+		c.oom.stop()
+	}
+	if err := c.svc.destroyLibcontainer(c.lc); err != nil {
+		errs = append(errs, err)
+	}
+	if c.rootfs != "" {
+		if err := mount.Unmount(c.rootfs); err != nil {
+			errs = append(errs, err)
+		} else if err := os.Remove(c.rootfs); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove rootfs dir: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,310 @@
+package task
+
+import (
+	"bytes"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/opencontainers/cgroups"
+	"github.com/opencontainers/runc/libcontainer"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func TestValidID(t *testing.T) {
+	for id, want := range map[string]bool{
+		"abc": true, "a-b_c.d+e": true, strings.Repeat("x", 128): true,
+		"": false, "a/b": false, "..x/": false, "a b": false, strings.Repeat("x", 129): false,
+	} {
+		if got := validID(id); got != want {
+			t.Errorf("validID(%q) = %v, want %v", id, got, want)
+		}
+	}
+}
+
+func TestLibcontainerConfigPaths(t *testing.T) {
+	bundle := t.TempDir()
+	spec := &specs.Spec{
+		Version: specs.Version,
+		Root:    &specs.Root{Path: "rootfs"},
+		Process: &specs.Process{Args: []string{"true"}, Cwd: "/"},
+		Mounts: []specs.Mount{
+			{Destination: "/data", Type: "bind", Source: "data", Options: []string{"rbind"}},
+			{Destination: "/abs", Type: "none", Source: "/srv", Options: []string{"bind"}},
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+		},
+		Linux: &specs.Linux{
+			CgroupsPath: "/pod/ctr",
+			Namespaces:  []specs.LinuxNamespace{{Type: specs.MountNamespace}, {Type: specs.PIDNamespace, Path: "/proc/1/ns/pid"}},
+		},
+	}
+	cfg, err := libcontainerConfig("ctr", bundle, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Rootfs != filepath.Join(bundle, "rootfs") {
+		t.Errorf("rootfs = %s", cfg.Rootfs)
+	}
+	srcs := map[string]string{}
+	for _, m := range cfg.Mounts {
+		srcs[m.Destination] = m.Source
+	}
+	if srcs["/data"] != filepath.Join(bundle, "data") || srcs["/abs"] != "/srv" || srcs["/proc"] != "proc" {
+		t.Errorf("mount sources = %v", srcs)
+	}
+	found := false
+	for _, l := range cfg.Labels {
+		if l == "bundle="+bundle {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("labels %v lack bundle=%s", cfg.Labels, bundle)
+	}
+	if cfg.Cgroups.Path != "/pod/ctr" || cfg.Cgroups.Systemd || cfg.Cgroups.Resources == nil {
+		t.Errorf("cgroup = %+v", cfg.Cgroups)
+	}
+	if cfg.ParentDeathSignal != 0 {
+		t.Errorf("parent death signal %d: containers would die with the shim", cfg.ParentDeathSignal)
+	}
+	if privatePIDNamespace(spec) {
+		t.Error("a pid namespace with a path is shared")
+	}
+	spec.Linux.Namespaces[1].Path = ""
+	if !privatePIDNamespace(spec) {
+		t.Error("a pid namespace without a path is the container's own")
+	}
+}
+
+func TestUpdateResources(t *testing.T) {
+	quota, period := int64(50000), uint64(100000)
+	shares := uint64(512)
+	limit := int64(-1)
+	pids := int64(64)
+	cur := &cgroups.Resources{Memory: 1 << 30, CpuQuota: 1, CpuPeriod: 2, CpusetCpus: "0"}
+	got := updateResources(cur, &specs.LinuxResources{
+		Memory: &specs.LinuxMemory{Limit: &limit},
+		CPU:    &specs.LinuxCPU{Quota: &quota, Period: &period, Shares: &shares},
+		Pids:   &specs.LinuxPids{Limit: &pids},
+	})
+	if cur.Memory != 1<<30 || cur.CpuQuota != 1 {
+		t.Error("the current resources were modified")
+	}
+	if got.Memory != -1 || got.MemorySwap != 0 || got.CpuQuota != quota || got.CpuPeriod != period ||
+		got.CpuShares != 512 || got.CpuWeight == 0 || *got.PidsLimit != 64 || got.CpusetCpus != "0" {
+		t.Errorf("updated = %+v", got)
+	}
+	// Quota alone keeps the period.
+	got = updateResources(cur, &specs.LinuxResources{CPU: &specs.LinuxCPU{Quota: &quota}})
+	if got.CpuQuota != quota || got.CpuPeriod != 2 {
+		t.Errorf("quota only: quota %d period %d", got.CpuQuota, got.CpuPeriod)
+	}
+}
+
+func TestExitStatus(t *testing.T) {
+	run := func(args ...string) *os.ProcessState {
+		cmd := exec.Command(args[0], args[1:]...)
+		_ = cmd.Run()
+		return cmd.ProcessState
+	}
+	if got := exitStatus(run("/bin/sh", "-c", "exit 7")); got != 7 {
+		t.Errorf("exit 7 = %d", got)
+	}
+	if got := exitStatus(run("/bin/sh", "-c", "kill -TERM $$")); got != 143 {
+		t.Errorf("SIGTERM = %d, want 143", got)
+	}
+	if got := exitStatus(nil); got != 255 {
+		t.Errorf("no state = %d", got)
+	}
+}
+
+func TestWaitExited(t *testing.T) {
+	cmd := exec.Command("/bin/sh", "-c", "sleep 0.1; exit 4")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := waitExited(cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	if time.Since(start) < 50*time.Millisecond {
+		t.Error("waitExited returned before the exit")
+	}
+	// The exit was only observed, not reaped: Wait still gets the status.
+	if err := cmd.Wait(); cmd.ProcessState.ExitCode() != 4 {
+		t.Errorf("Wait after waitExited = %v (%d)", err, cmd.ProcessState.ExitCode())
+	}
+}
+
+func TestReadOOMKills(t *testing.T) {
+	dir := t.TempDir()
+	v1 := filepath.Join(dir, "memory.oom_control")
+	os.WriteFile(v1, []byte("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n"), 0o644)
+	if n, err := readOOMKills(v1); err != nil || n != 3 {
+		t.Errorf("v1 = %d, %v", n, err)
+	}
+	v2 := filepath.Join(dir, "memory.events")
+	os.WriteFile(v2, []byte("low 0\nhigh 0\nmax 5\noom 2\noom_kill 1\noom_group_kill 0\n"), 0o644)
+	if n, err := readOOMKills(v2); err != nil || n != 1 {
+		t.Errorf("v2 = %d, %v", n, err)
+	}
+	old := filepath.Join(dir, "old")
+	os.WriteFile(old, []byte("oom_kill_disable 0\nunder_oom 0\n"), 0o644)
+	if _, err := readOOMKills(old); err == nil {
+		t.Error("a file without the counter gave no error")
+	}
+}
+
+// TestCopyFile copies a pipe in chunks larger than one buffer and stops at EOF.
+func TestCopyFile(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	data := bytes.Repeat([]byte("0123456789abcdef"), 10000)
+	go func() {
+		w.Write(data)
+		w.Close()
+	}()
+	var out bytes.Buffer
+	if err := copyFile(&out, r); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(out.Bytes(), data) {
+		t.Errorf("copied %d bytes, want %d", out.Len(), len(data))
+	}
+}
+
+// TestCopyFileClosed checks that closing the source ends a copy waiting for data.
+func TestCopyFileClosed(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	done := make(chan error, 1)
+	go func() { done <- copyFile(io.Discard, r) }()
+	time.Sleep(50 * time.Millisecond)
+	r.Close()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("copy did not end when its source was closed")
+	}
+}
+
+// TestStdinCopierStopsWithoutWriter stops a copier still waiting for the FIFO's writer.
+func TestStdinCopierStopsWithoutWriter(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "in")
+	if err := unix.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	c := &stdinCopier{path: path, dst: w, closeDst: true, done: make(chan struct{})}
+	c.start()
+	time.Sleep(50 * time.Millisecond)
+	stopped := make(chan struct{})
+	go func() { c.stop(discard()); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(5 * time.Second):
+		t.Fatal("stop hung")
+	}
+	<-c.done
+	// The process side sees EOF.
+	if n, err := r.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+		t.Errorf("read after stop = %d, %v; want EOF", n, err)
+	}
+}
+
+// TestStdinCopierCopies copies what a writer sends, then EOF when it closes.
+func TestStdinCopierCopies(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "in")
+	if err := unix.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	c := &stdinCopier{path: path, dst: w, closeDst: true, done: make(chan struct{})}
+	c.start()
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString("hello")
+	f.Close()
+	got, err := io.ReadAll(r)
+	if err != nil || string(got) != "hello" {
+		t.Errorf("process read %q, %v", got, err)
+	}
+	c.stop(discard())
+}
+
+// TestOpenStdioDirectFIFO checks that output FIFOs are handed to the process as they
+// are (one fd for a shared stdout/stderr path) and that the shim keeps no copy.
+func TestOpenStdioDirectFIFO(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "out")
+	if err := unix.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	before := fdCount(t)
+	lp := &libcontainer.Process{Args: []string{"true"}}
+	s, err := openStdio(ioConfig{stdout: path, stderr: path}, lp, discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lp.Stdout == nil || lp.Stdout != lp.Stderr {
+		t.Errorf("stdout %v, stderr %v: want the same FIFO file", lp.Stdout, lp.Stderr)
+	}
+	if err := s.started(); err != nil {
+		t.Fatal(err)
+	}
+	s.close()
+	if got := fdCount(t); got != before {
+		t.Errorf("fds: %d before, %d after", before, got)
+	}
+}
+
+func fdCount(t *testing.T) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(entries)
+}
+
+func TestProcessStates(t *testing.T) {
+	p := newProcessState("e", ioConfig{})
+	if st, _, _ := p.state(); st.String() != "CREATED" {
+		t.Errorf("new = %v", st)
+	}
+	if err := p.signal(syscall.SIGTERM); err != errNotStarted {
+		t.Errorf("signal before start = %v", err)
+	}
+	p.setRunning()
+	at := time.Now()
+	p.setExited(137, at)
+	p.setRunning() // an exit recorded first wins
+	st, code, exitedAt := p.state()
+	if st.String() != "STOPPED" || code != 137 || !exitedAt.Equal(at.UTC()) || !p.exited() {
+		t.Errorf("after exit = %v %d %v", st, code, exitedAt)
+	}
+}
