@@ -55,7 +55,8 @@ func (r *Reaper) Start(cmd *exec.Cmd) error {
 // StartFunc runs start with reaping held off and records the pids it returns as owned by
 // the caller, who must wait for each and then call Forget. It is for starters that fork
 // and wait for helper processes of their own (libcontainer's init stages, hooks): the
-// reaper must not reap those either, and it cannot know their pids.
+// reaper must not reap those either, and it cannot know their pids. start must not call
+// StartFunc itself: a reaper waiting for the gate would deadlock it.
 func (r *Reaper) StartFunc(start func() ([]int, error)) error {
 	r.gate.RLock()
 	defer r.gate.RUnlock()

@@ -201,13 +201,21 @@ func TestTaskExec(t *testing.T) {
 	if _, err := w.WriteString("ping\n"); err != nil {
 		t.Fatal(err)
 	}
+	// The caller's close alone is no EOF (the shim keeps the FIFO open, so callers
+	// can reconnect); CloseIO is, and what was written before still arrives.
+	w.Close()
+	if got := readUntil(t, r, "ping\n", 10*time.Second); got != "ping\n" {
+		t.Errorf("cat echoed %q", got)
+	}
+	if st, _ := p.tasks.State(ctx, &taskapi.StateRequest{ID: c.id, ExecID: "cat"}); st.GetStatus() != tasktypes.Status_RUNNING {
+		t.Errorf("cat stopped before CloseIO: %v", st)
+	}
 	if _, err := p.tasks.CloseIO(ctx, &taskapi.CloseIORequest{ID: c.id, ExecID: "cat", Stdin: true}); err != nil {
 		t.Fatal(err)
 	}
-	if got := readAll(t, r, 10*time.Second); got != "ping\n" {
-		t.Errorf("cat echoed %q", got)
+	if got := readAll(t, r, 10*time.Second); got != "" {
+		t.Errorf("cat echoed %q more", got)
 	}
-	w.Close()
 	if ws := p.wait(t, c.id, "cat"); ws.GetExitStatus() != 0 {
 		t.Errorf("cat exit = %d", ws.GetExitStatus())
 	}
@@ -502,6 +510,23 @@ func TestTaskShutdownSandboxDeletesContainers(t *testing.T) {
 	for _, c := range []*ctr{a, b} {
 		waitGone(t, c.pid)
 		assertGone(t, c)
+	}
+}
+
+// TestTaskSIGTERMDeletesContainers checks that SIGTERM to the shim cleans up the
+// containers as ShutdownSandbox does.
+func TestTaskSIGTERMDeletesContainers(t *testing.T) {
+	p := startPod(t)
+	c := p.create(t, "victim", ctrOpts{args: []string{"sleep", "100"}})
+	p.start(t, c)
+	if err := syscall.Kill(p.pid, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, p.pid)
+	waitGone(t, c.pid)
+	assertGone(t, c)
+	if _, err := os.Stat(filepath.Join(p.bundle, "libcontainer", c.id)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("libcontainer state of the container remains: %v", err)
 	}
 }
 

@@ -87,12 +87,21 @@ func openStdio(cfg ioConfig, lp *libcontainer.Process, log *slog.Logger) (_ *std
 			s.termOut = f
 		}
 		if cfg.stdin != "" {
-			s.stdin = &stdinCopier{path: cfg.stdin, done: make(chan struct{})}
+			c, err := openStdinCopier(cfg.stdin)
+			if err != nil {
+				return nil, err
+			}
+			s.stdin = c // its dst, the pty master, arrives after the start
 		}
 		return s, nil
 	}
 
 	if cfg.stdin != "" {
+		c, err := openStdinCopier(cfg.stdin)
+		if err != nil {
+			return nil, err
+		}
+		s.stdin = c
 		r, w, err := os.Pipe()
 		if err != nil {
 			return nil, fmt.Errorf("stdin pipe: %w", err)
@@ -100,7 +109,7 @@ func openStdio(cfg ioConfig, lp *libcontainer.Process, log *slog.Logger) (_ *std
 		s.childFiles = append(s.childFiles, r)
 		lp.Stdin = r
 		// The copier owns the write end: closing it is how the process sees EOF.
-		s.stdin = &stdinCopier{path: cfg.stdin, dst: w, closeDst: true, done: make(chan struct{})}
+		c.dst = w
 	}
 	var direct map[string]*os.File
 	for _, o := range []struct {
@@ -214,7 +223,7 @@ func (s *stdio) drain(timeout time.Duration) bool {
 // closeStdin closes the process's stdin (CloseIO).
 func (s *stdio) closeStdin() {
 	if s.stdin != nil {
-		s.stdin.stop(s.log)
+		s.stdin.closeInput()
 	}
 }
 
@@ -266,8 +275,8 @@ func (s *stdio) abort() {
 	for _, f := range s.owned {
 		_ = f.Close()
 	}
-	if s.stdin != nil && s.stdin.closeDst {
-		_ = s.stdin.dst.Close()
+	if s.stdin != nil {
+		s.stdin.stop(s.log)
 	}
 	if s.termOutDone != nil {
 		s.termOutDone()
@@ -389,99 +398,75 @@ func (l *logSink) Write(p []byte) (int, error) {
 
 // stdinCopier copies a stdin FIFO into the process's stdin (a pipe or the pty master).
 type stdinCopier struct {
-	path     string
-	dst      *os.File
-	closeDst bool // dst is the stdin pipe: closing it gives the process EOF
+	src *os.File // the FIFO's read end
+	// keep is the shim's own writer on the FIFO, as containerd's shim holds one: while
+	// it is open the copy never sees EOF, neither before the caller has connected nor
+	// between two of its connections. CloseIO closes it; the process then gets EOF
+	// once the caller's writers are gone and what they wrote is copied.
+	keep *os.File
+	dst  *os.File
+	// closeDst closes dst at EOF: a pipe gives the process EOF; a pty master hangs
+	// the terminal up, which is what containerd does when a terminal's stdin ends.
+	closeDst bool
 
-	mu      sync.Mutex
-	src     *os.File
-	started bool
-	stopped bool
-	done    chan struct{}
+	keepOnce sync.Once
+	mu       sync.Mutex
+	started  bool
+	done     chan struct{}
+}
+
+// openStdinCopier opens the FIFO at path; neither open blocks.
+func openStdinCopier(path string) (*stdinCopier, error) {
+	src, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open stdin fifo: %w", err)
+	}
+	// Succeeds without waiting: the FIFO has a reader now.
+	keep, err := os.OpenFile(path, os.O_WRONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		_ = src.Close()
+		return nil, fmt.Errorf("open stdin fifo for writing: %w", err)
+	}
+	return &stdinCopier{src: src, keep: keep, closeDst: true, done: make(chan struct{})}, nil
 }
 
 func (c *stdinCopier) start() {
 	c.mu.Lock()
 	c.started = true
 	c.mu.Unlock()
-	go c.run()
-}
-
-func (c *stdinCopier) run() {
-	defer close(c.done)
-	// Opening a FIFO for reading blocks until a writer opens it. That is wanted: a
-	// read before the caller has connected would see EOF at once.
-	f, err := os.OpenFile(c.path, os.O_RDONLY, 0)
-	c.mu.Lock()
-	if err != nil || c.stopped {
-		c.mu.Unlock()
-		if f != nil {
-			_ = f.Close()
-		}
-		c.finish()
-		return
-	}
-	c.src = f
-	c.mu.Unlock()
-	_ = copyFile(c.dst, f)
-	c.finish()
-}
-
-func (c *stdinCopier) finish() {
-	c.mu.Lock()
-	src := c.src
-	c.src = nil
-	c.mu.Unlock()
-	if src != nil {
-		_ = src.Close()
-	}
-	if c.closeDst {
-		_ = c.dst.Close()
-	}
-}
-
-// stop ends the copy and gives the process EOF; it returns once the copier has exited.
-func (c *stdinCopier) stop(log *slog.Logger) {
-	c.mu.Lock()
-	already, started, src := c.stopped, c.started, c.src
-	c.stopped = true
-	c.mu.Unlock()
-	if already {
-		return
-	}
-	if !started {
+	go func() {
+		defer close(c.done)
+		_ = copyFile(c.dst, c.src)
+		_ = c.src.Close()
 		if c.closeDst {
 			_ = c.dst.Close()
 		}
-		return
-	}
-	if src != nil {
-		_ = src.Close()
-	}
-	if c.closeDst {
+	}()
+}
+
+// closeInput drops the shim's writer (CloseIO): the process reads EOF after the data
+// the caller wrote.
+func (c *stdinCopier) closeInput() {
+	c.keepOnce.Do(func() { _ = c.keep.Close() })
+}
+
+// stop ends the copy at once (the process is gone or being deleted).
+func (c *stdinCopier) stop(log *slog.Logger) {
+	c.closeInput()
+	_ = c.src.Close()
+	if c.closeDst && c.dst != nil {
 		// Also releases a copier blocked writing to a process that does not read.
 		_ = c.dst.Close()
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for {
-		select {
-		case <-c.done:
-			return
-		default:
-		}
-		// A copier still blocked opening the FIFO is released by a writer that
-		// comes and goes (the open of the writer succeeds because a reader waits).
-		if w, err := os.OpenFile(c.path, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
-			_ = w.Close()
-		}
-		if time.Now().After(deadline) {
-			log.Warn("stdin copier did not stop", "fifo", c.path)
-			return
-		}
-		select {
-		case <-c.done:
-			return
-		case <-time.After(10 * time.Millisecond):
-		}
+	c.mu.Lock()
+	started := c.started
+	c.mu.Unlock()
+	if !started {
+		return
+	}
+	select {
+	case <-c.done:
+	case <-time.After(2 * time.Second):
+		log.Warn("stdin copier did not stop")
 	}
 }

@@ -203,9 +203,9 @@ func TestCopyFileClosed(t *testing.T) {
 	}
 }
 
-// TestStdinCopierStopsWithoutWriter stops a copier still waiting for the FIFO's writer.
-func TestStdinCopierStopsWithoutWriter(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "in")
+func stdinFIFO(t *testing.T) (path string, c *stdinCopier, r *os.File) {
+	t.Helper()
+	path = filepath.Join(t.TempDir(), "in")
 	if err := unix.Mkfifo(path, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -213,48 +213,65 @@ func TestStdinCopierStopsWithoutWriter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer r.Close()
-	c := &stdinCopier{path: path, dst: w, closeDst: true, done: make(chan struct{})}
+	t.Cleanup(func() { r.Close() })
+	c, err = openStdinCopier(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.dst = w
 	c.start()
-	time.Sleep(50 * time.Millisecond)
-	stopped := make(chan struct{})
-	go func() { c.stop(discard()); close(stopped) }()
-	select {
-	case <-stopped:
-	case <-time.After(5 * time.Second):
-		t.Fatal("stop hung")
-	}
-	<-c.done
-	// The process side sees EOF.
-	if n, err := r.Read(make([]byte, 1)); n != 0 || err != io.EOF {
-		t.Errorf("read after stop = %d, %v; want EOF", n, err)
-	}
+	return path, c, r
 }
 
-// TestStdinCopierCopies copies what a writer sends, then EOF when it closes.
-func TestStdinCopierCopies(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "in")
-	if err := unix.Mkfifo(path, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	c := &stdinCopier{path: path, dst: w, closeDst: true, done: make(chan struct{})}
-	c.start()
+// TestStdinCopierCloseInput checks CloseIO semantics: what the caller wrote before is
+// delivered, then EOF; without CloseIO the caller's close alone is no EOF.
+func TestStdinCopierCloseInput(t *testing.T) {
+	path, c, r := stdinFIFO(t)
 	f, err := os.OpenFile(path, os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.WriteString("hello")
 	f.Close()
+	// The shim's own writer keeps the stream open across the caller's reconnects.
+	buf := make([]byte, 16)
+	n, err := r.Read(buf)
+	if err != nil || string(buf[:n]) != "hello" {
+		t.Fatalf("process read %q, %v", buf[:n], err)
+	}
+	r.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	if _, err := r.Read(buf); !os.IsTimeout(err) {
+		t.Fatalf("read before CloseIO = %v, want to wait", err)
+	}
+	r.SetReadDeadline(time.Time{})
+	f, err = os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString(" again")
+	f.Close()
+	c.closeInput()
 	got, err := io.ReadAll(r)
-	if err != nil || string(got) != "hello" {
-		t.Errorf("process read %q, %v", got, err)
+	if err != nil || string(got) != " again" {
+		t.Errorf("process read %q, %v after CloseIO; want the rest, then EOF", got, err)
 	}
 	c.stop(discard())
+}
+
+// TestStdinCopierNoWriter closes the input of a FIFO nobody ever opened: EOF at once.
+func TestStdinCopierNoWriter(t *testing.T) {
+	_, c, r := stdinFIFO(t)
+	c.closeInput()
+	r.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := r.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+		t.Errorf("read = %d, %v; want EOF", n, err)
+	}
+	c.stop(discard())
+	select {
+	case <-c.done:
+	default:
+		t.Error("copier still running after stop")
+	}
 }
 
 // TestOpenStdioDirectFIFO checks that output FIFOs are handed to the process as they
