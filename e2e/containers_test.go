@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -392,4 +393,56 @@ func TestE2EContainersSurviveKill9(t *testing.T) {
 	}
 	e.stopRemove(ctx, t, podID)
 	e.assertNodeClean(t)
+}
+
+func TestE2EUpdateResourcesAndReopenLog(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	ctx := ctxT(t)
+	img := e.busybox(ctx)
+	pod := e.podConfig("upd")
+	podID := e.runPod(ctx, pod)
+	cfg := ctrConfig("ticker", img, "sh", "-c", "while true; do echo tick; sleep 0.05; done")
+	cfg.Linux.Resources = &cri.LinuxContainerResources{MemoryLimitInBytes: 64 << 20, CpuShares: 512}
+	id := e.runCtr(ctx, podID, pod, cfg)
+	limit := func() string {
+		data, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", e.cgroup, "crisp-"+id, "memory.limit_in_bytes"))
+		if err != nil {
+			t.Fatalf("read container memory limit: %v", err)
+		}
+		return strings.TrimSpace(string(data))
+	}
+	if got := limit(); got != fmt.Sprint(64<<20) {
+		t.Fatalf("memory limit %s, want 64 MiB", got)
+	}
+	if _, err := e.rt.UpdateContainerResources(ctx, &cri.UpdateContainerResourcesRequest{ContainerId: id, Linux: &cri.LinuxContainerResources{MemoryLimitInBytes: 128 << 20, CpuShares: 256}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := limit(); got != fmt.Sprint(128<<20) {
+		t.Errorf("memory limit after update %s, want 128 MiB", got)
+	}
+	st, _ := e.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: id})
+	if st.GetStatus().GetResources().GetLinux().GetMemoryLimitInBytes() != 128<<20 {
+		t.Errorf("status resources: %v", st.GetStatus().GetResources())
+	}
+	// Rotate as kubelet does: rename, then ReopenContainerLog.
+	logPath := st.Status.LogPath
+	time.Sleep(200 * time.Millisecond)
+	if err := os.Rename(logPath, logPath+".1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.rt.ReopenContainerLog(ctx, &cri.ReopenContainerLogRequest{ContainerId: id}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	rotated := len(logLines(t, logPath+".1"))
+	fresh := len(logLines(t, logPath))
+	if rotated == 0 || fresh == 0 {
+		t.Errorf("after rotation: %d lines in the old file, %d in the new", rotated, fresh)
+	}
+	e.stopRemove(ctx, t, podID)
+	e.assertNodeClean(t)
+	if _, err := e.rt.ReopenContainerLog(ctx, &cri.ReopenContainerLogRequest{ContainerId: id}); status.Code(err) != codes.NotFound {
+		t.Errorf("reopen of a removed container: %v", err)
+	}
 }
