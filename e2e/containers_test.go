@@ -139,6 +139,9 @@ func TestE2EContainerLifecycleAndLogs(t *testing.T) {
 	if err != nil || string(resp.Stdout) != "out\n" || string(resp.Stderr) != "err\n" || resp.ExitCode != 7 {
 		t.Fatalf("exec exit 7: %v %v", resp, err)
 	}
+	if _, err := e.execSync(ctx, run, 10, "sh", "-c", "yes | head -c 5000000"); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "cap") {
+		t.Errorf("exec past the output cap: %v", err)
+	}
 	start := time.Now()
 	_, err = e.execSync(ctx, run, 1, "sleep", "30")
 	if status.Code(err) != codes.DeadlineExceeded || time.Since(start) > 5*time.Second {
