@@ -296,27 +296,9 @@ func ownOOMScoreAdj() int {
 
 // resolveContainer finds a container by full id or unique prefix.
 func (s *Service) resolveContainer(id string) (*container, error) {
-	if id == "" {
-		return nil, invalid("container id is required")
-	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if c, ok := s.containers[id]; ok {
-		return c, nil
-	}
-	var found []*container
-	for cid, c := range s.containers {
-		if strings.HasPrefix(cid, id) {
-			found = append(found, c)
-		}
-	}
-	switch len(found) {
-	case 0:
-		return nil, fmt.Errorf("container %q: %w", id, errNotFound)
-	case 1:
-		return found[0], nil
-	}
-	return nil, invalid("container id prefix %q is ambiguous", id)
+	return lookupPrefix(s.containers, id, "container")
 }
 
 // StartContainer starts a created container and watches it for its exit.

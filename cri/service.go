@@ -158,30 +158,33 @@ func (s *Service) RuntimeConfig(context.Context, *runtime.RuntimeConfigRequest) 
 
 // resolvePod finds a pod by full id or unique id prefix.
 func (s *Service) resolvePod(id string) (*pod, error) {
-	if id == "" {
-		return nil, invalid("pod sandbox id is required")
-	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if p, ok := s.pods[id]; ok {
-		return p, nil
+	return lookupPrefix(s.pods, id, "pod sandbox")
+}
+
+// lookupPrefix finds the entry of m whose key is id or the only key id prefixes, as
+// crictl lets people type short ids.
+func lookupPrefix[T any](m map[string]T, id, kind string) (T, error) {
+	var zero T
+	if id == "" {
+		return zero, invalid("%s id is required", kind)
 	}
-	var found []*pod
-	for pid, p := range s.pods {
-		if strings.HasPrefix(pid, id) {
-			found = append(found, p)
+	if v, ok := m[id]; ok {
+		return v, nil
+	}
+	var keys []string
+	for k := range m {
+		if strings.HasPrefix(k, id) {
+			keys = append(keys, k)
 		}
 	}
-	switch len(found) {
+	switch len(keys) {
 	case 0:
-		return nil, fmt.Errorf("pod sandbox %q: %w", id, errNotFound)
+		return zero, fmt.Errorf("%s %q: %w", kind, id, errNotFound)
 	case 1:
-		return found[0], nil
+		return m[keys[0]], nil
 	}
-	ids := make([]string, 0, len(found))
-	for _, p := range found {
-		ids = append(ids, p.rec.ID)
-	}
-	sort.Strings(ids)
-	return nil, invalid("pod sandbox id prefix %q is ambiguous: it matches %s", id, strings.Join(ids, ", "))
+	sort.Strings(keys)
+	return zero, invalid("%s id prefix %q is ambiguous: it matches %s", kind, id, strings.Join(keys, ", "))
 }

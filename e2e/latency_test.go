@@ -154,9 +154,8 @@ func TestE2EContainerLatencyAndMemory(t *testing.T) {
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	t.Logf("CreateContainer+StartContainer over %d: p50 %v, p99 %v", runs, lat[runs/2], lat[runs*99/100])
 
-	var ids []string
 	for i := range 10 {
-		ids = append(ids, e.runCtr(ctx, podID, pod, ctrConfig(fmt.Sprintf("mem%d", i), img, "sleep", "1000")))
+		e.runCtr(ctx, podID, pod, ctrConfig(fmt.Sprintf("mem%d", i), img, "sleep", "1000"))
 		if i == 0 {
 			time.Sleep(300 * time.Millisecond)
 			m := readMem(t, info.ShimPid)
