@@ -449,3 +449,48 @@ func TestE2EUpdateResourcesAndReopenLog(t *testing.T) {
 		t.Errorf("reopen of a removed container: %v", err)
 	}
 }
+
+func TestE2EMountsDevicesAndTargetPid(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	ctx := ctxT(t)
+	img := e.busybox(ctx)
+	pod := e.podConfig("vols")
+	pod.Linux.SecurityContext.NamespaceOptions.Pid = cri.NamespaceMode_CONTAINER
+	podID := e.runPod(ctx, pod)
+	vol := filepath.Join(e.dir, "vol")
+	if err := os.MkdirAll(vol, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(vol, "from-host"), []byte("hello\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := ctrConfig("target", img, "sleep", "1000")
+	cfg.Mounts = []*cri.Mount{
+		{HostPath: vol, ContainerPath: "/rw"},
+		{HostPath: vol, ContainerPath: "/ro", Readonly: true},
+	}
+	cfg.Devices = []*cri.Device{{HostPath: "/dev/null", ContainerPath: "/dev/mynull", Permissions: "rwm"}}
+	target := e.runCtr(ctx, podID, pod, cfg)
+	resp, err := e.execSync(ctx, target, 10, "sh", "-c", "cat /ro/from-host; echo written > /rw/from-ctr; echo x > /ro/nope 2>&1; echo data > /dev/mynull && echo devok")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := string(resp.Stdout) + string(resp.Stderr)
+	if !strings.Contains(out, "hello") || !strings.Contains(out, "Read-only file system") || !strings.Contains(out, "devok") {
+		t.Errorf("mounts and devices: %q", out)
+	}
+	if data, err := os.ReadFile(filepath.Join(vol, "from-ctr")); err != nil || string(data) != "written\n" {
+		t.Errorf("write through the rw mount: %q %v", data, err)
+	}
+	// A debug container joining the first one's pid namespace sees its processes.
+	dbg := ctrConfig("debugger", img, "sleep", "1000")
+	dbg.Linux.SecurityContext.NamespaceOptions = &cri.NamespaceOption{Pid: cri.NamespaceMode_TARGET, TargetId: target}
+	d := e.runCtr(ctx, podID, pod, dbg)
+	resp, err = e.execSync(ctx, d, 10, "ps")
+	if err != nil || strings.Count(string(resp.Stdout), "sleep 1000") != 2 {
+		t.Errorf("TARGET pid namespace: %v %q", err, resp.GetStdout())
+	}
+	e.stopRemove(ctx, t, podID)
+	e.assertNodeClean(t)
+}
