@@ -17,7 +17,7 @@ require (
 	golang.org/x/sys v0.48.0
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
-	k8s.io/cri-api v0.37.0
+	k8s.io/cri-api v0.37.2
 )
 
 require (
@@ -57,4 +57,6 @@ require (
 	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260825221802-da73d73af1c5 // indirect
+	k8s.io/client-go v0.37.2 // indirect
+	k8s.io/cri-streaming v0.37.2 // indirect
 )

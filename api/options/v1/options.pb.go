@@ -435,6 +435,116 @@ func (x *ContainerInfoResponse) GetOomKilled() bool {
 	return false
 }
 
+// AttachRequest connects FIFOs to a running container's main process: what the
+// process writes goes to stdout/stderr (besides the log), what is written to stdin
+// reaches the process (only for containers created with stdin open). Empty paths are
+// not connected. Served as crisp.shim.v1.Shim/Attach; the attachment ends when the
+// caller closes its ends of the FIFOs or the container exits.
+type AttachRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	Stdin         string                 `protobuf:"bytes,2,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	Stdout        string                 `protobuf:"bytes,3,opt,name=stdout,proto3" json:"stdout,omitempty"`
+	Stderr        string                 `protobuf:"bytes,4,opt,name=stderr,proto3" json:"stderr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AttachRequest) Reset() {
+	*x = AttachRequest{}
+	mi := &file_api_options_v1_options_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttachRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttachRequest) ProtoMessage() {}
+
+func (x *AttachRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_options_v1_options_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
+func (*AttachRequest) Descriptor() ([]byte, []int) {
+	return file_api_options_v1_options_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *AttachRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *AttachRequest) GetStdin() string {
+	if x != nil {
+		return x.Stdin
+	}
+	return ""
+}
+
+func (x *AttachRequest) GetStdout() string {
+	if x != nil {
+		return x.Stdout
+	}
+	return ""
+}
+
+func (x *AttachRequest) GetStderr() string {
+	if x != nil {
+		return x.Stderr
+	}
+	return ""
+}
+
+// AttachResponse is empty.
+type AttachResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AttachResponse) Reset() {
+	*x = AttachResponse{}
+	mi := &file_api_options_v1_options_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttachResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttachResponse) ProtoMessage() {}
+
+func (x *AttachResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_options_v1_options_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttachResponse.ProtoReflect.Descriptor instead.
+func (*AttachResponse) Descriptor() ([]byte, []int) {
+	return file_api_options_v1_options_proto_rawDescGZIP(), []int{7}
+}
+
 var File_api_options_v1_options_proto protoreflect.FileDescriptor
 
 const file_api_options_v1_options_proto_rawDesc = "" +
@@ -466,7 +576,13 @@ const file_api_options_v1_options_proto_rawDesc = "" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\"6\n" +
 	"\x15ContainerInfoResponse\x12\x1d\n" +
 	"\n" +
-	"oom_killed\x18\x01 \x01(\bR\toomKilled*1\n" +
+	"oom_killed\x18\x01 \x01(\bR\toomKilled\"x\n" +
+	"\rAttachRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x14\n" +
+	"\x05stdin\x18\x02 \x01(\tR\x05stdin\x12\x16\n" +
+	"\x06stdout\x18\x03 \x01(\tR\x06stdout\x12\x16\n" +
+	"\x06stderr\x18\x04 \x01(\tR\x06stderr\"\x10\n" +
+	"\x0eAttachResponse*1\n" +
 	"\rNamespaceMode\x12\a\n" +
 	"\x03POD\x10\x00\x12\r\n" +
 	"\tCONTAINER\x10\x01\x12\b\n" +
@@ -485,7 +601,7 @@ func file_api_options_v1_options_proto_rawDescGZIP() []byte {
 }
 
 var file_api_options_v1_options_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_options_v1_options_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_api_options_v1_options_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_api_options_v1_options_proto_goTypes = []any{
 	(NamespaceMode)(0),            // 0: crisp.options.v1.NamespaceMode
 	(*SandboxOptions)(nil),        // 1: crisp.options.v1.SandboxOptions
@@ -494,13 +610,15 @@ var file_api_options_v1_options_proto_goTypes = []any{
 	(*ReopenLogResponse)(nil),     // 4: crisp.options.v1.ReopenLogResponse
 	(*ContainerInfoRequest)(nil),  // 5: crisp.options.v1.ContainerInfoRequest
 	(*ContainerInfoResponse)(nil), // 6: crisp.options.v1.ContainerInfoResponse
-	nil,                           // 7: crisp.options.v1.SandboxOptions.SysctlsEntry
+	(*AttachRequest)(nil),         // 7: crisp.options.v1.AttachRequest
+	(*AttachResponse)(nil),        // 8: crisp.options.v1.AttachResponse
+	nil,                           // 9: crisp.options.v1.SandboxOptions.SysctlsEntry
 }
 var file_api_options_v1_options_proto_depIdxs = []int32{
 	0, // 0: crisp.options.v1.SandboxOptions.network:type_name -> crisp.options.v1.NamespaceMode
 	0, // 1: crisp.options.v1.SandboxOptions.pid:type_name -> crisp.options.v1.NamespaceMode
 	0, // 2: crisp.options.v1.SandboxOptions.ipc:type_name -> crisp.options.v1.NamespaceMode
-	7, // 3: crisp.options.v1.SandboxOptions.sysctls:type_name -> crisp.options.v1.SandboxOptions.SysctlsEntry
+	9, // 3: crisp.options.v1.SandboxOptions.sysctls:type_name -> crisp.options.v1.SandboxOptions.SysctlsEntry
 	0, // 4: crisp.options.v1.SandboxOptions.uts:type_name -> crisp.options.v1.NamespaceMode
 	5, // [5:5] is the sub-list for method output_type
 	5, // [5:5] is the sub-list for method input_type
@@ -520,7 +638,7 @@ func file_api_options_v1_options_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_options_v1_options_proto_rawDesc), len(file_api_options_v1_options_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   7,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
