@@ -41,8 +41,25 @@ type Config struct {
 	Registry RegistryConfig `toml:"registry"`
 	// Image configures the image store.
 	Image ImageConfig `toml:"image"`
+	// Streaming configures the exec/attach/port-forward HTTP server.
+	Streaming StreamingConfig `toml:"streaming"`
 	// Runtimes maps a runtime handler (RuntimeClass) name to the shim that runs its pods.
 	Runtimes map[string]Runtime `toml:"runtimes"`
+}
+
+// StreamingConfig configures the streaming server whose URLs Exec, Attach and
+// PortForward return; kubelet (or the API server) connects to it directly.
+type StreamingConfig struct {
+	// Address is the IP the server listens on; loopback by default because the
+	// server has no authentication of its own: its URLs carry single-use tokens.
+	Address string `toml:"address" comment:"IP the streaming server listens on"`
+	// Port is the TCP port; 0 picks a free one at start.
+	Port int `toml:"port" comment:"TCP port of the streaming server; 0 picks a free port"`
+	// TLSCertFile and TLSKeyFile, both or neither, make the server serve HTTPS.
+	TLSCertFile string `toml:"tls_cert_file" comment:"PEM certificate for HTTPS (with tls_key_file); empty serves plain HTTP"`
+	TLSKeyFile  string `toml:"tls_key_file" comment:"PEM private key for HTTPS (with tls_cert_file)"`
+	// IdleTimeoutSeconds closes a stream connection with no traffic for this long.
+	IdleTimeoutSeconds int `toml:"idle_timeout_seconds" comment:"close streaming connections idle this long"`
 }
 
 // RegistryConfig says how registries are reached.
@@ -100,6 +117,10 @@ func Default() Config {
 			MaxConcurrentDownloads: 3,
 		},
 		Image: ImageConfig{Pinned: []string{}},
+		Streaming: StreamingConfig{
+			Address:            "127.0.0.1",
+			IdleTimeoutSeconds: 14400,
+		},
 		Runtimes: map[string]Runtime{
 			"runc": {Shim: "shim-runc", Namespace: "k8s.io"},
 		},
@@ -188,6 +209,27 @@ func (c Config) Validate() error {
 	}
 	if n := len(c.CNI.DefaultBridge); n == 0 || n > 15 {
 		return fmt.Errorf("cni.default_bridge must be 1 to 15 characters, got %q", c.CNI.DefaultBridge)
+	}
+	return c.Streaming.validate()
+}
+
+func (s StreamingConfig) validate() error {
+	if net.ParseIP(s.Address) == nil {
+		return fmt.Errorf("streaming.address must be an IP address, got %q", s.Address)
+	}
+	if s.Port < 0 || s.Port > 65535 {
+		return fmt.Errorf("streaming.port must be 0 to 65535, got %d", s.Port)
+	}
+	if (s.TLSCertFile == "") != (s.TLSKeyFile == "") {
+		return errors.New("streaming.tls_cert_file and streaming.tls_key_file must be set together")
+	}
+	for key, p := range map[string]string{"streaming.tls_cert_file": s.TLSCertFile, "streaming.tls_key_file": s.TLSKeyFile} {
+		if p != "" && !filepath.IsAbs(p) {
+			return fmt.Errorf("%s must be an absolute path, got %q", key, p)
+		}
+	}
+	if s.IdleTimeoutSeconds <= 0 {
+		return fmt.Errorf("streaming.idle_timeout_seconds must be positive, got %d", s.IdleTimeoutSeconds)
 	}
 	return nil
 }

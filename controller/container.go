@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/containerd/api/types"
 	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/errdefs"
+	"github.com/containerd/ttrpc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -35,6 +36,8 @@ type ContainerSpec struct {
 	Rootfs    []mount.Mount
 	LogPath   string
 	Terminal  bool
+	// Stdin keeps the container's stdin open for Attach.
+	Stdin bool
 }
 
 // ContainerState is a container's process state as its shim reports it.
@@ -52,6 +55,16 @@ func (o Options) containerBundle(id string) string {
 // task returns the task API client of a pod's shim; FailedPrecondition when the pod's
 // shim is not reachable.
 func (c *Controller) task(sandboxID string) (taskapi.TTRPCTaskService, *sandbox, error) {
+	sb, client, err := c.liveShim(sandboxID)
+	if err != nil {
+		return nil, nil, err
+	}
+	return taskapi.NewTTRPCTaskClient(client), sb, nil
+}
+
+// liveShim returns the pod's sandbox and its shim's connection, or an error when the
+// pod is unknown or its shim is not reachable.
+func (c *Controller) liveShim(sandboxID string) (*sandbox, *ttrpc.Client, error) {
 	sb := c.get(sandboxID)
 	if sb == nil {
 		return nil, nil, fmt.Errorf("pod sandbox %s: %w", sandboxID, errdefs.ErrNotFound)
@@ -61,7 +74,7 @@ func (c *Controller) task(sandboxID string) (taskapi.TTRPCTaskService, *sandbox,
 	if sb.client == nil || sb.shimDead {
 		return nil, nil, fmt.Errorf("the shim of pod %s is not running: %w", sandboxID, errdefs.ErrFailedPrecondition)
 	}
-	return taskapi.NewTTRPCTaskClient(sb.client), sb, nil
+	return sb, sb.client, nil
 }
 
 // CreateContainer writes the container's bundle and has the pod's shim create it.
@@ -92,6 +105,10 @@ func (c *Controller) CreateContainer(ctx context.Context, cs ContainerSpec) (_ u
 		return 0, err
 	}
 	req := &taskapi.CreateTaskRequest{ID: cs.ID, Bundle: bundle, Terminal: cs.Terminal, Options: opts}
+	if cs.Stdin {
+		// A marker, not a path: the shim opens a stdin pipe it feeds from attaches.
+		req.Stdin = "stdin"
+	}
 	for _, m := range cs.Rootfs {
 		req.Rootfs = append(req.Rootfs, &types.Mount{Type: m.Type, Source: m.Source, Options: m.Options})
 	}
@@ -281,15 +298,21 @@ func (c *Controller) deleteExec(sandboxID, id, execID string) {
 // DeleteExec frees an exec's state in the shim.
 func (c *Controller) DeleteExec(sandboxID, id, execID string) { c.deleteExec(sandboxID, id, execID) }
 
+// shimClient is a client of the crisp.shim.v1 service of a pod's shim.
+func (c *Controller) shimClient(sandboxID string) (shimapi.Service, error) {
+	_, client, err := c.liveShim(sandboxID)
+	if err != nil {
+		return nil, err
+	}
+	return shimapi.NewClient(client), nil
+}
+
 // ReopenContainerLog has the shim reopen a container's log file.
 func (c *Controller) ReopenContainerLog(ctx context.Context, sandboxID, id string) error {
-	_, sb, err := c.task(sandboxID)
+	client, err := c.shimClient(sandboxID)
 	if err != nil {
 		return err
 	}
-	sb.mu.Lock()
-	client := shimapi.NewClient(sb.client)
-	sb.mu.Unlock()
 	if _, err := client.ReopenLog(ctx, &options.ReopenLogRequest{ContainerId: id}); err != nil {
 		return fmt.Errorf("reopen log of container %s: %w", id, fromShim(err))
 	}
@@ -298,13 +321,10 @@ func (c *Controller) ReopenContainerLog(ctx context.Context, sandboxID, id strin
 
 // OOMKilled reports whether the container's cgroup saw an OOM kill.
 func (c *Controller) OOMKilled(ctx context.Context, sandboxID, id string) (bool, error) {
-	_, sb, err := c.task(sandboxID)
+	client, err := c.shimClient(sandboxID)
 	if err != nil {
 		return false, err
 	}
-	sb.mu.Lock()
-	client := shimapi.NewClient(sb.client)
-	sb.mu.Unlock()
 	resp, err := client.ContainerInfo(ctx, &options.ContainerInfoRequest{ContainerId: id})
 	if err != nil {
 		return false, fmt.Errorf("info of container %s: %w", id, fromShim(err))

@@ -194,7 +194,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 		logPath = filepath.Join(dir, lp)
 	}
 	if _, err := s.ctrl.CreateContainer(ctx, controller.ContainerSpec{
-		ID: id, SandboxID: p.rec.ID, Spec: res.Spec, Rootfs: rootfs, LogPath: logPath, Terminal: cfg.GetTty(),
+		ID: id, SandboxID: p.rec.ID, Spec: res.Spec, Rootfs: rootfs, LogPath: logPath, Terminal: cfg.GetTty(), Stdin: cfg.GetStdin(),
 	}); err != nil {
 		return nil, err
 	}

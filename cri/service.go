@@ -36,6 +36,8 @@ type Service struct {
 	images *image.Service
 	log    *slog.Logger
 	names  *nameIndex
+	// stream hands out streaming URLs; nil until SetStreamServer.
+	stream URLServer
 
 	mu         sync.RWMutex
 	pods       map[string]*pod

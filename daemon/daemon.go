@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-
 	"fmt"
 	"log/slog"
 	"net"
@@ -12,6 +11,7 @@ import (
 
 	"google.golang.org/grpc"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+	"k8s.io/klog/v2"
 
 	"github.com/crisp-runtime/crisp/config"
 	"github.com/crisp-runtime/crisp/controller"
@@ -20,6 +20,7 @@ import (
 	"github.com/crisp-runtime/crisp/image/remote"
 	"github.com/crisp-runtime/crisp/network"
 	"github.com/crisp-runtime/crisp/store"
+	"github.com/crisp-runtime/crisp/streaming"
 	"github.com/crisp-runtime/crisp/version"
 )
 
@@ -93,6 +94,31 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if err := svc.Recover(ctx, live); err != nil {
 		return err
 	}
+
+	// The streaming libraries log through klog; send that into our structured log
+	// instead of bare lines on stderr.
+	klog.SetSlogLogger(log.With("component", "streaming"))
+	// The streaming server starts before the CRI socket, so no Exec can be answered
+	// before there is a server behind its URL.
+	stream, err := streaming.New(streaming.Config{
+		Address:     cfg.Streaming.Address,
+		Port:        cfg.Streaming.Port,
+		TLSCertFile: cfg.Streaming.TLSCertFile,
+		TLSKeyFile:  cfg.Streaming.TLSKeyFile,
+		IdleTimeout: time.Duration(cfg.Streaming.IdleTimeoutSeconds) * time.Second,
+	}, svc.StreamRuntime(), log.With("component", "streaming"))
+	if err != nil {
+		return err
+	}
+	svc.SetStreamServer(stream)
+	stream.Start()
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := stream.Stop(sctx); err != nil {
+			log.Warn("stop streaming server", "err", err)
+		}
+	}()
 
 	lis, err := listen(cfg.Socket)
 	if err != nil {

@@ -14,6 +14,7 @@ const ServiceName = "crisp.shim.v1.Shim"
 const (
 	MethodReopenLog     = "ReopenLog"
 	MethodContainerInfo = "ContainerInfo"
+	MethodAttach        = "Attach"
 )
 
 // Service is crisp.shim.v1.Shim.
@@ -23,6 +24,11 @@ type Service interface {
 	ReopenLog(context.Context, *optionsv1.ReopenLogRequest) (*optionsv1.ReopenLogResponse, error)
 	// ContainerInfo reports what the task API lacks about a container (OOM kills).
 	ContainerInfo(context.Context, *optionsv1.ContainerInfoRequest) (*optionsv1.ContainerInfoResponse, error)
+	// Attach connects FIFOs to a running container's main process: the caller's
+	// stdin FIFO is copied into its stdin, its output is copied to the stdout and
+	// stderr FIFOs (a terminal's to stdout) besides the log. It returns once the FIFOs
+	// are open; the attachment ends when the caller closes them or the container exits.
+	Attach(context.Context, *optionsv1.AttachRequest) (*optionsv1.AttachResponse, error)
 }
 
 // Register serves svc as ServiceName on srv. The service is registered by hand: there is
@@ -43,6 +49,13 @@ func Register(srv *ttrpc.Server, svc Service) {
 					return nil, err
 				}
 				return svc.ContainerInfo(ctx, &req)
+			},
+			MethodAttach: func(ctx context.Context, unmarshal func(any) error) (any, error) {
+				var req optionsv1.AttachRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.Attach(ctx, &req)
 			},
 		},
 	})
@@ -68,6 +81,14 @@ func (c *client) ReopenLog(ctx context.Context, req *optionsv1.ReopenLogRequest)
 func (c *client) ContainerInfo(ctx context.Context, req *optionsv1.ContainerInfoRequest) (*optionsv1.ContainerInfoResponse, error) {
 	var resp optionsv1.ContainerInfoResponse
 	if err := c.c.Call(ctx, ServiceName, MethodContainerInfo, req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *client) Attach(ctx context.Context, req *optionsv1.AttachRequest) (*optionsv1.AttachResponse, error) {
+	var resp optionsv1.AttachResponse
+	if err := c.c.Call(ctx, ServiceName, MethodAttach, req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

@@ -27,6 +27,13 @@ func (f *fake) ContainerInfo(ctx context.Context, req *optionsv1.ContainerInfoRe
 	return &optionsv1.ContainerInfoResponse{OomKilled: req.GetContainerId() == "oom"}, nil
 }
 
+func (f *fake) Attach(ctx context.Context, req *optionsv1.AttachRequest) (*optionsv1.AttachResponse, error) {
+	if req.GetContainerId() != "a" || req.GetStdout() != "/out" {
+		return nil, status.Error(codes.NotFound, "container not found")
+	}
+	return &optionsv1.AttachResponse{}, nil
+}
+
 // TestRoundTrip serves a fake over a real unix socket and calls it through the client.
 func TestRoundTrip(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "s")
@@ -67,5 +74,11 @@ func TestRoundTrip(t *testing.T) {
 		if err != nil || resp.GetOomKilled() != want {
 			t.Errorf("ContainerInfo(%s) = %v, %v; want oom_killed %v", id, resp, err, want)
 		}
+	}
+	if _, err := c.Attach(ctx, &optionsv1.AttachRequest{ContainerId: "a", Stdout: "/out"}); err != nil {
+		t.Errorf("Attach: %v", err)
+	}
+	if _, err := c.Attach(ctx, &optionsv1.AttachRequest{ContainerId: "b"}); status.Code(err) != codes.NotFound {
+		t.Errorf("Attach(b) = %v, want NotFound", err)
 	}
 }

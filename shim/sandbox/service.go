@@ -389,6 +389,12 @@ func (s *Service) SandboxStatus(ctx context.Context, req *sandboxapi.SandboxStat
 		resp.Info["bundle"] = s.bundle
 		resp.Info["cgroup_driver"] = sb.spec.cgroup.Driver
 		resp.Info["pause_start_time"] = strconv.FormatUint(sb.state.PauseStartTime, 10)
+		// For operators and leak tests: a shim's goroutines and heap should return to
+		// their idle level once its streams and execs are gone.
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		resp.Info["goroutines"] = strconv.Itoa(runtime.NumGoroutine())
+		resp.Info["go_heap_inuse_bytes"] = strconv.FormatUint(ms.HeapInuse, 10)
 	}
 	return resp, nil
 }

@@ -82,6 +82,8 @@ func (c *container) waitInit() {
 		c.killAll(unix.SIGKILL)
 	}
 	drained := sio.drain(drainTimeout)
+	// Attach sessions end with the container, even if its output stays open.
+	sio.detachAll()
 	if drained {
 		sio.close()
 		if c.logw != nil {

@@ -301,6 +301,8 @@ func (s *Service) Create(ctx context.Context, req *taskv3.CreateTaskRequest) (_ 
 		stdout:   req.GetStdout(),
 		stderr:   req.GetStderr(),
 		log:      c.logw,
+		// The controller sends a marker, not a FIFO, for a container with stdin.
+		stdinMarker: true,
 	})
 	sio, err := openStdio(p.io, lp, log)
 	if err != nil {
@@ -908,4 +910,36 @@ func (s *Service) ContainerInfo(ctx context.Context, req *optionsv1.ContainerInf
 		return nil, err
 	}
 	return &optionsv1.ContainerInfoResponse{OomKilled: c.oom != nil && c.oom.check()}, nil
+}
+
+// Attach connects the caller's FIFOs to a running container's init (crisp.shim.v1.Shim):
+// its output is copied to stdout and stderr besides the log, stdin into its stdin.
+func (s *Service) Attach(ctx context.Context, req *optionsv1.AttachRequest) (*optionsv1.AttachResponse, error) {
+	c, err := s.get(req.GetContainerId())
+	if err != nil {
+		return nil, err
+	}
+	if c.isDeleted() {
+		return nil, notFound("container %q not found", c.id)
+	}
+	if st, _, _ := c.init.state(); st != taskapi.Status_RUNNING {
+		return nil, failedPrecondition("container %q is not running", c.id)
+	}
+	_, _, sio := c.init.started()
+	if sio == nil {
+		return nil, failedPrecondition("container %q is not running", c.id)
+	}
+	if err := sio.attach(req.GetStdin(), req.GetStdout(), req.GetStderr()); err != nil {
+		switch {
+		case errors.Is(err, errAttachClosed):
+			return nil, failedPrecondition("container %q is not running", c.id)
+		case errors.Is(err, errAttachNoStdin), errors.Is(err, errAttachNoOutput):
+			return nil, failedPrecondition("attach to container %q: %v", c.id, err)
+		case errors.Is(err, os.ErrNotExist):
+			return nil, invalid("attach to container %q: %v", c.id, err)
+		}
+		return nil, internal("attach to container %q: %v", c.id, err)
+	}
+	c.log.Debug("attached", "stdin", req.GetStdin() != "", "stdout", req.GetStdout() != "", "stderr", req.GetStderr() != "")
+	return &optionsv1.AttachResponse{}, nil
 }

@@ -21,6 +21,9 @@ type ioConfig struct {
 	terminal bool
 	// stdin, stdout and stderr are FIFOs the caller created ("" = none).
 	stdin, stdout, stderr string
+	// stdinMarker, for a container's init, makes a stdin that is not a FIFO a request
+	// for a stdin the shim keeps open for attach sessions (a pipe, or the pty).
+	stdinMarker bool
 	// log, when set, receives stdout and stderr (the terminal as stdout) in the CRI log
 	// format instead of the stdout and stderr FIFOs.
 	log *crilog.Writer
@@ -45,6 +48,23 @@ type stdio struct {
 	// owned are closed by close: output sources, the console, FIFOs the shim writes.
 	owned []*os.File
 
+	terminal bool
+	// fans are the streams' destinations that attach sessions join (by crilog stream
+	// name; a terminal has only stdout), absent where the process writes the caller's
+	// FIFO itself.
+	fans map[string]*fanout
+	// inPipe is the write end of the process's stdin pipe that the shim keeps when the
+	// stdin given is not a FIFO: attach sessions write to it.
+	inPipe *os.File
+	// wantStdin says a terminal's stdin was asked for: attach sessions write to the pty.
+	wantStdin bool
+	// inDst is where attach sessions' stdin goes (nil: the process has no stdin).
+	inDst *os.File
+
+	attachMu     sync.Mutex
+	attachClosed bool
+	attachIns    map[*attachIn]struct{}
+
 	running atomic.Int32
 	drained chan struct{} // closed once every output copier has returned
 	once    sync.Once
@@ -59,7 +79,14 @@ type output struct {
 
 // openStdio prepares the stdio of lp before it is started. On error nothing stays open.
 func openStdio(cfg ioConfig, lp *libcontainer.Process, log *slog.Logger) (_ *stdio, retErr error) {
-	s := &stdio{log: log, consoleSock: -1, drained: make(chan struct{})}
+	s := &stdio{
+		log:         log,
+		consoleSock: -1,
+		drained:     make(chan struct{}),
+		terminal:    cfg.terminal,
+		fans:        map[string]*fanout{},
+		attachIns:   map[*attachIn]struct{}{},
+	}
 	defer func() {
 		if retErr != nil {
 			s.abort()
@@ -86,7 +113,27 @@ func openStdio(cfg ioConfig, lp *libcontainer.Process, log *slog.Logger) (_ *std
 			s.owned = append(s.owned, f)
 			s.termOut = f
 		}
+		// Nobody may read the terminal, but an unread pty fills up and blocks the
+		// process, so it is drained.
+		base := s.termOut
+		if base == nil {
+			base = io.Discard
+		}
+		fan := newFanout(base)
+		s.fans[streamStdout] = fan
+		prevDone := s.termOutDone
+		s.termOut, s.termOutDone = fan, func() {
+			fan.close()
+			if prevDone != nil {
+				prevDone()
+			}
+		}
 		if cfg.stdin != "" {
+			if cfg.stdinMarker && !isFIFO(cfg.stdin) {
+				// Only a marker: attach sessions write to the pty master.
+				s.wantStdin = true
+				return s, nil
+			}
 			c, err := openStdinCopier(cfg.stdin)
 			if err != nil {
 				return nil, err
@@ -96,7 +143,18 @@ func openStdio(cfg ioConfig, lp *libcontainer.Process, log *slog.Logger) (_ *std
 		return s, nil
 	}
 
-	if cfg.stdin != "" {
+	if cfg.stdin != "" && cfg.stdinMarker && !isFIFO(cfg.stdin) {
+		// A marker, not a FIFO: the process gets a pipe whose write end the shim
+		// keeps open for attach sessions; CloseIO closes it.
+		r, w, err := os.Pipe()
+		if err != nil {
+			return nil, fmt.Errorf("stdin pipe: %w", err)
+		}
+		s.childFiles = append(s.childFiles, r)
+		s.owned = append(s.owned, w)
+		lp.Stdin = r
+		s.inPipe, s.inDst = w, w
+	} else if cfg.stdin != "" {
 		c, err := openStdinCopier(cfg.stdin)
 		if err != nil {
 			return nil, err
@@ -110,6 +168,7 @@ func openStdio(cfg ioConfig, lp *libcontainer.Process, log *slog.Logger) (_ *std
 		lp.Stdin = r
 		// The copier owns the write end: closing it is how the process sees EOF.
 		c.dst = w
+		s.inDst = w
 	}
 	var direct map[string]*os.File
 	for _, o := range []struct {
@@ -129,7 +188,12 @@ func openStdio(cfg ioConfig, lp *libcontainer.Process, log *slog.Logger) (_ *std
 			s.owned = append(s.owned, r)
 			o.set(w)
 			st := cfg.log.Stream(o.name)
-			s.outputs = append(s.outputs, output{src: r, dst: &logSink{s: st, log: log}, done: func() { _ = st.Close() }})
+			fan := newFanout(&logSink{s: st, log: log})
+			s.fans[o.name] = fan
+			s.outputs = append(s.outputs, output{src: r, dst: fan, done: func() {
+				fan.close()
+				_ = st.Close()
+			}})
 		case o.path != "":
 			// The FIFO itself becomes the process's stdout: no copy, no goroutine,
 			// no buffer in the shim. O_RDWR never blocks and keeps a reader, so an
@@ -171,15 +235,12 @@ func (s *stdio) started() error {
 		}
 		s.console = master
 		s.owned = append(s.owned, master)
-		dst, done := s.termOut, s.termOutDone
-		if dst == nil {
-			// Nobody reads the terminal, but an unread pty fills up and blocks the
-			// process, so it is drained.
-			dst = io.Discard
-		}
-		s.outputs = append(s.outputs, output{src: master, dst: dst, done: done})
+		s.outputs = append(s.outputs, output{src: master, dst: s.termOut, done: s.termOutDone})
 		if s.stdin != nil {
 			s.stdin.dst = master
+		}
+		if s.stdin != nil || s.wantStdin {
+			s.inDst = master
 		}
 	}
 	s.running.Store(int32(len(s.outputs)))
@@ -225,6 +286,9 @@ func (s *stdio) closeStdin() {
 	if s.stdin != nil {
 		s.stdin.closeInput()
 	}
+	if s.inPipe != nil {
+		_ = s.inPipe.Close()
+	}
 }
 
 // resize sets the terminal size.
@@ -250,6 +314,7 @@ var errNoTerminal = errors.New("the process has no terminal")
 // close releases everything: copiers stop, files close. Output not read by now is lost.
 func (s *stdio) close() {
 	s.once.Do(func() {
+		s.detachAll()
 		for _, f := range s.owned {
 			_ = f.Close()
 		}
@@ -469,4 +534,10 @@ func (c *stdinCopier) stop(log *slog.Logger) {
 	case <-time.After(2 * time.Second):
 		log.Warn("stdin copier did not stop")
 	}
+}
+
+// isFIFO reports whether path is a FIFO; anything else as a stdin is only a marker.
+func isFIFO(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode()&os.ModeNamedPipe != 0
 }
