@@ -3,10 +3,12 @@ package controller
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -35,6 +37,8 @@ func (c *Controller) Recover(ctx context.Context) ([]string, error) {
 		c.mu.Unlock()
 		if r.Phase == phaseCreating {
 			c.log.Info("undoing pod creation cut short by a restart", "pod", r.ID)
+			// A `shim start` run by the killed criserver may still be going.
+			waitShimStart(ctx, r.Bundle, c.opts.ShimStartTimeout)
 			if r.Address == "" {
 				// The shim may have started after the last write: it left its address.
 				if data, err := os.ReadFile(filepath.Join(r.Bundle, "shim.address")); err == nil {
@@ -74,4 +78,27 @@ func (c *Controller) Recover(ctx context.Context) ([]string, error) {
 		c.log.Info("reconnected to pod shim", "pod", r.ID, "address", r.Address)
 	}
 	return ids, nil
+}
+
+// waitShimStart waits, up to limit, for a `shim start` running on bundle to finish:
+// crisp's shim holds an flock on the bundle directory while it starts. Tearing the pod
+// down before would miss the shim that start is about to leave serving.
+func waitShimStart(ctx context.Context, bundle string, limit time.Duration) {
+	d, err := os.Open(bundle)
+	if err != nil {
+		return
+	}
+	defer d.Close()
+	deadline := time.Now().Add(limit)
+	for {
+		err := syscall.Flock(int(d.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			_ = syscall.Flock(int(d.Fd()), syscall.LOCK_UN)
+			return
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) || ctx.Err() != nil {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

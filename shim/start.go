@@ -124,6 +124,17 @@ func Start(ctx context.Context, f Flags, stdin io.Reader, stdout io.Writer) erro
 	if err != nil {
 		return err
 	}
+	// Held until this process exits (the fd is close-on-exec, the serving child does
+	// not inherit it): a criserver that restarts after being killed mid-start waits on
+	// it, so it never tears a pod down while its shim is still coming up.
+	lock, err := os.Open(bundle)
+	if err != nil {
+		return fmt.Errorf("open bundle: %w", err)
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		return fmt.Errorf("lock bundle: %w", err)
+	}
 	var input []byte
 	// A person running start by hand has a terminal on stdin, not parameters.
 	if f, ok := stdin.(*os.File); !ok || !isTerminal(f) {
