@@ -1,0 +1,393 @@
+//go:build bench
+
+package bench
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/crisp-runtime/crisp/image/imagetest"
+)
+
+var (
+	binDir     = flag.String("bin", "", "directory with criserver and shim-runc")
+	resultsDir = flag.String("results", "bench/results", "directory the JSON report is written to")
+	cycles     = flag.Int("cycles", 50, "sequential pod cycles timed per runtime")
+	churnFor   = flag.Duration("churn", 60*time.Second, "how long the 10-client churn runs per runtime")
+	only       = flag.String("only", "", "run one runtime only (crisp or containerd)")
+)
+
+// benchRoot holds every runtime's files; short, because shim socket paths grow under it.
+const benchRoot = "/run/crisp-bench"
+
+func TestBench(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("make bench needs root")
+	}
+	if *binDir == "" {
+		t.Fatal("-bin is required")
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+
+	if err := os.RemoveAll(benchRoot); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(benchRoot, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(benchRoot)
+
+	host := imagetest.StartRegistry(t)
+	busybox := host + "/busybox:bench"
+	imagetest.Push(t, host, "busybox:bench", imagetest.BusyboxImage(t, imagetest.OCI, imagetest.Gzip))
+	pause := host + "/pause:bench"
+	imagetest.Push(t, host, "pause:bench", pauseImage(t))
+	// Three distinct ~50 MB images of 5 random (incompressible) layers per runtime, so
+	// every timed pull is a first pull.
+	var big []string
+	for i := range 6 {
+		imagetest.Push(t, host, fmt.Sprintf("big%d:bench", i), bigImage(t, uint64(i)))
+		big = append(big, fmt.Sprintf("%s/big%d:bench", host, i))
+	}
+
+	rep := &Report{Time: time.Now(), Runtimes: map[string]Results{}, Versions: map[string]string{}}
+	rep.Host, _ = os.Hostname()
+	netnsBefore := listDir("/var/run/netns")
+
+	runs := []struct {
+		name   string
+		start  func(context.Context, Spec) (*Daemon, error)
+		bridge string
+		subnet string
+		pulls  []string
+	}{
+		{"containerd", StartContainerd, "benchctrd0", "10.233.0.0/16", big[:3]},
+		{"crisp", StartCrisp, "benchcrisp0", "10.234.0.0/16", big[3:]},
+	}
+	for _, r := range runs {
+		if *only != "" && *only != r.name {
+			continue
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		spec := Spec{Name: r.name, Dir: filepath.Join(benchRoot, r.name), Bridge: r.bridge, Subnet: r.subnet,
+			Registry: host, PauseImage: pause, Bin: *binDir}
+		if err := os.MkdirAll(spec.Dir, 0o711); err != nil {
+			t.Fatal(err)
+		}
+		res, version, err := runOne(ctx, t, r.start, spec, busybox, r.pulls)
+		if version != "" {
+			rep.Versions[r.name] = version
+		}
+		if res != nil {
+			rep.Runtimes[r.name] = res
+		}
+		if err != nil {
+			t.Errorf("%s: %v", r.name, err)
+		}
+	}
+	cleanNetns(t, netnsBefore)
+
+	var sb strings.Builder
+	if err := rep.WriteTable(&sb); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Println()
+	fmt.Println(sb.String())
+	path, err := rep.Save(*resultsDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Println("results:", path)
+}
+
+// runOne starts one runtime, measures it and always cleans it up.
+func runOne(ctx context.Context, t *testing.T, start func(context.Context, Spec) (*Daemon, error), spec Spec, busybox string, pulls []string) (res Results, version string, err error) {
+	t.Logf("%s: starting", spec.Name)
+	d, err := start(ctx, spec)
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		teardown(cctx, t, d, spec)
+	}()
+	if err != nil {
+		if d != nil && d.logFile != nil {
+			err = fmt.Errorf("%w\n%s", err, d.LogTail())
+		}
+		return nil, "", err
+	}
+	if v, verr := d.RT.Version(ctx, &cri.VersionRequest{}); verr == nil {
+		version = v.RuntimeName + " " + v.RuntimeVersion
+	}
+	res = Results{}
+	w := &Workload{D: d, Image: busybox}
+	step := func(name string) { t.Logf("%s: %s", d.Name, name) }
+
+	step("pull")
+	for _, ref := range []string{busybox, spec.PauseImage} {
+		if _, err := w.Pull(ctx, ref); err != nil {
+			return res, version, err
+		}
+	}
+	var pullTimes []time.Duration
+	for _, ref := range pulls {
+		pt, err := w.Pull(ctx, ref)
+		if err != nil {
+			return res, version, err
+		}
+		pullTimes = append(pullTimes, pt)
+	}
+	res.Ms("pull", Percentile(pullTimes, 50))
+	time.Sleep(time.Second)
+	idle, err := ReadMem(d.Pid())
+	if err != nil {
+		return res, version, err
+	}
+	res["daemon_rss_idle"] = idle.RSS / 1024
+
+	step(fmt.Sprintf("%d pod cycles", *cycles))
+	if _, err := w.Cycles(ctx, 3); err != nil { // warm-up: caches, first CNI run
+		return res, version, err
+	}
+	cs, err := w.Cycles(ctx, *cycles)
+	if err != nil {
+		return res, version, err
+	}
+	pick := func(f func(CycleTimes) time.Duration) []time.Duration {
+		out := make([]time.Duration, len(cs))
+		for i, c := range cs {
+			out[i] = f(c)
+		}
+		return out
+	}
+	run := pick(func(c CycleTimes) time.Duration { return c.Run })
+	res.Ms("run_pod_p50", Percentile(run, 50))
+	res.Ms("run_pod_p99", Percentile(run, 99))
+	res.Ms("create_p50", Percentile(pick(func(c CycleTimes) time.Duration { return c.Create }), 50))
+	res.Ms("start_p50", Percentile(pick(func(c CycleTimes) time.Duration { return c.Start }), 50))
+	res.Ms("create_start_p50", Percentile(pick(func(c CycleTimes) time.Duration { return c.Create + c.Start }), 50))
+	res.Ms("pod_start_p50", Percentile(pick(CycleTimes.PodStart), 50))
+	total := pick(CycleTimes.Total)
+	res.Ms("cycle_p50", Percentile(total, 50))
+	res.Ms("cycle_p90", Percentile(total, 90))
+	res.Ms("cycle_p99", Percentile(total, 99))
+
+	step(fmt.Sprintf("churn, 10 clients, %v", *churnFor))
+	cps, failed, err := w.Churn(ctx, 10, *churnFor)
+	res["churn"] = cps
+	if failed > 0 {
+		return res, version, fmt.Errorf("churn: %d cycles failed, first: %v", failed, err)
+	}
+
+	step("20 pods for memory")
+	var sleeper string
+	var perPod, shim, pause Mem
+	for i := range 20 {
+		pod, cid, err := w.PodWithSleep(ctx, fmt.Sprintf("mem%d", i))
+		if err != nil {
+			return res, version, err
+		}
+		sleeper = cid
+		_ = pod
+	}
+	time.Sleep(2 * time.Second)
+	pods, err := d.RT.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{})
+	if err != nil {
+		return res, version, err
+	}
+	for _, p := range pods.Items {
+		pid, err := w.SandboxPid(ctx, p.Id)
+		if err != nil {
+			return res, version, err
+		}
+		shimPid, err := PPid(pid)
+		if err != nil {
+			return res, version, err
+		}
+		pm, err1 := ReadMem(pid)
+		sm, err2 := ReadMem(shimPid)
+		if err1 != nil || err2 != nil {
+			return res, version, fmt.Errorf("memory of pod %s: %v %v", p.Id, err1, err2)
+		}
+		shim, pause = shim.Add(sm), pause.Add(pm)
+		perPod = perPod.Add(sm).Add(pm)
+		if p == pods.Items[0] {
+			t.Logf("%s: sandbox process %d (%s), its parent %d (%s)", d.Name, pid, Comm(pid), shimPid, Comm(shimPid))
+		}
+	}
+	n := float64(len(pods.Items))
+	perPod, shim, pause = perPod.Div(n*1024), shim.Div(n*1024), pause.Div(n*1024)
+	res["pod_pss"], res["pod_uss"], res["pod_rss"] = perPod.PSS, perPod.USS, perPod.RSS
+	res["shim_pss"], res["shim_uss"], res["pause_pss"] = shim.PSS, shim.USS, pause.PSS
+	dm, err := ReadMem(d.Pid())
+	if err != nil {
+		return res, version, err
+	}
+	res["daemon_rss_20"] = dm.RSS / 1024
+
+	step("exec")
+	ex, err := w.ExecLatency(ctx, sleeper, 100)
+	if err != nil {
+		return res, version, err
+	}
+	res.Ms("exec_p50", Percentile(ex, 50))
+	res.Ms("exec_p99", Percentile(ex, 99))
+
+	step("100 pods, 200 containers for lists")
+	lp, lc, err := w.ListLatency(ctx, 100, 100)
+	if err != nil {
+		return res, version, err
+	}
+	res.Ms("list_pods_p50", Percentile(lp, 50))
+	res.Ms("list_ctrs_p50", Percentile(lc, 50))
+	return res, version, nil
+}
+
+// teardown removes the runtime's pods, stops it and removes whatever it left: shim
+// and container processes (by the pids found under its files and cgroups), mounts,
+// its bridge, cgroups and files.
+func teardown(ctx context.Context, t *testing.T, d *Daemon, spec Spec) {
+	if d != nil && d.RT != nil {
+		t.Logf("%s: removing pods", d.Name)
+		if err := d.RemoveAllPods(ctx); err != nil {
+			t.Errorf("%s: remove pods: %v", d.Name, err)
+		}
+	}
+	if d != nil {
+		d.Stop()
+	}
+	parent := "/bench-" + spec.Name
+	for _, pid := range leftoverPids(spec.Dir, parent) {
+		t.Logf("%s: killing leftover process %d (%s)", spec.Name, pid, Comm(pid))
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	time.Sleep(200 * time.Millisecond)
+	for _, m := range mountsUnder(spec.Dir) {
+		if err := syscall.Unmount(m, syscall.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", m, err)
+		}
+	}
+	if out, err := exec.CommandContext(ctx, "ip", "link", "del", spec.Bridge).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find device") {
+		t.Errorf("delete bridge %s: %v %s", spec.Bridge, err, out)
+	}
+	removeCgroups(parent)
+	if err := os.RemoveAll(spec.Dir); err != nil {
+		t.Errorf("remove %s: %v", spec.Dir, err)
+	}
+}
+
+func listDir(dir string) map[string]bool {
+	out := map[string]bool{}
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		out[e.Name()] = true
+	}
+	return out
+}
+
+// cleanNetns removes the network namespaces containerd 1.6 pinned under
+// /var/run/netns (a fixed path in that version) during the run.
+func cleanNetns(t *testing.T, before map[string]bool) {
+	for name := range listDir("/var/run/netns") {
+		if before[name] || !strings.HasPrefix(name, "cni-") {
+			continue
+		}
+		p := filepath.Join("/var/run/netns", name)
+		_ = syscall.Unmount(p, syscall.MNT_DETACH)
+		if err := os.Remove(p); err != nil {
+			t.Errorf("remove netns %s: %v", p, err)
+		}
+	}
+}
+
+// mountsUnder lists mount points at or below dir, deepest first.
+func mountsUnder(dir string) []string {
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
+			out = append(out, f[4])
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
+	return out
+}
+
+// leftoverPids are processes whose command line names dir (shims) or that live in a
+// cgroup under parent (pause and container processes).
+func leftoverPids(dir, parent string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	self := os.Getpid()
+	for _, e := range ents {
+		var pid int
+		if _, err := fmt.Sscanf(e.Name(), "%d", &pid); err != nil || pid == self {
+			continue
+		}
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+		if strings.Contains(string(cmdline), dir+"/") || strings.Contains(string(cmdline), dir+"\x00") ||
+			strings.Contains(string(cg), ":"+parent+"/") {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// removeCgroups removes the cgroup parent, deepest first, in every hierarchy.
+func removeCgroups(parent string) {
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*")
+	for _, root := range roots {
+		top := filepath.Join(root, parent)
+		var dirs []string
+		_ = filepath.WalkDir(top, func(p string, e os.DirEntry, err error) error {
+			if err == nil && e.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			_ = os.Remove(dirs[i])
+		}
+	}
+}
+
+// pauseImage is bench/pause/pause.c built static, as containerd's sandbox image.
+func pauseImage(t *testing.T) v1.Image {
+	out := filepath.Join(t.TempDir(), "pause")
+	if b, err := exec.Command("gcc", "-static", "-Os", "-s", "-o", out, "pause/pause.c").CombinedOutput(); err != nil {
+		t.Fatalf("build pause: %v\n%s", err, b)
+	}
+	bin, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return imagetest.NewImage(t, imagetest.ImageOptions{Config: v1.Config{Entrypoint: []string{"/pause"}}},
+		imagetest.NewLayer(t, imagetest.OCI, imagetest.Gzip, imagetest.Executable("pause", bin)))
+}
+
+// bigImage is ~50 MB in 5 layers of random data, distinct per seed.
+func bigImage(t *testing.T, seed uint64) v1.Image {
+	var layers []v1.Layer
+	for i := range 5 {
+		layers = append(layers, imagetest.NewLayer(t, imagetest.OCI, imagetest.Gzip,
+			imagetest.Dir("data"), imagetest.RandomFile(fmt.Sprintf("data/layer%d", i), 10<<20, seed*10+uint64(i))))
+	}
+	return imagetest.NewImage(t, imagetest.ImageOptions{Config: v1.Config{Cmd: []string{"/bin/sh"}}}, layers...)
+}

@@ -1,0 +1,154 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Metric describes one figure of the report.
+type Metric struct {
+	Key  string
+	Name string
+	Unit string
+	// HigherBetter is true for throughput.
+	HigherBetter bool
+	// Target is the crisp/containerd ratio to meet (≤ for lower-is-better figures,
+	// ≥ for higher-is-better ones); 0 for figures reported without a target.
+	Target float64
+}
+
+// Metrics are the report's rows, in order.
+var Metrics = []Metric{
+	{Key: "run_pod_p50", Name: "RunPodSandbox p50", Unit: "ms"},
+	{Key: "run_pod_p99", Name: "RunPodSandbox p99", Unit: "ms"},
+	{Key: "create_p50", Name: "CreateContainer p50", Unit: "ms"},
+	{Key: "start_p50", Name: "StartContainer p50", Unit: "ms"},
+	{Key: "create_start_p50", Name: "Create+StartContainer p50", Unit: "ms"},
+	{Key: "pod_start_p50", Name: "pod start (run+create+start) p50", Unit: "ms", Target: 0.5},
+	{Key: "cycle_p50", Name: "whole pod cycle p50", Unit: "ms", Target: 0.5},
+	{Key: "cycle_p90", Name: "whole pod cycle p90", Unit: "ms"},
+	{Key: "cycle_p99", Name: "whole pod cycle p99", Unit: "ms", Target: 0.5},
+	{Key: "churn", Name: "churn, 10 clients", Unit: "cycles/s", HigherBetter: true, Target: 2},
+	{Key: "pod_pss", Name: "per pod PSS (shim+pause)", Unit: "MiB", Target: 0.5},
+	{Key: "pod_uss", Name: "per pod USS (shim+pause)", Unit: "MiB", Target: 0.6},
+	{Key: "pod_rss", Name: "per pod RSS (shim+pause, ref.)", Unit: "MiB"},
+	{Key: "shim_pss", Name: "  shim PSS", Unit: "MiB"},
+	{Key: "shim_uss", Name: "  shim USS", Unit: "MiB"},
+	{Key: "pause_pss", Name: "  pause PSS", Unit: "MiB"},
+	{Key: "daemon_rss_idle", Name: "daemon RSS idle", Unit: "MiB"},
+	{Key: "daemon_rss_20", Name: "daemon RSS with 20 pods", Unit: "MiB", Target: 0.5},
+	{Key: "list_pods_p50", Name: "ListPodSandbox p50 (100 pods)", Unit: "ms", Target: 0.5},
+	{Key: "list_ctrs_p50", Name: "ListContainers p50 (200 ctrs)", Unit: "ms", Target: 0.5},
+	{Key: "pull", Name: "pull+unpack 50 MB, 5 layers", Unit: "ms"},
+	{Key: "exec_p50", Name: "ExecSync echo p50", Unit: "ms"},
+	{Key: "exec_p99", Name: "ExecSync echo p99", Unit: "ms"},
+}
+
+// Results are one runtime's figures by metric key.
+type Results map[string]float64
+
+// Ms stores a duration in milliseconds.
+func (r Results) Ms(key string, d time.Duration) { r[key] = float64(d.Microseconds()) / 1000 }
+
+// Report is one benchmark run.
+type Report struct {
+	Time     time.Time          `json:"time"`
+	Host     string             `json:"host"`
+	Versions map[string]string  `json:"versions"`
+	Runtimes map[string]Results `json:"runtimes"`
+	Notes    []string           `json:"notes,omitempty"`
+}
+
+// Ratio is crisp's figure over containerd's; NaN when either is missing or zero.
+func (r *Report) Ratio(key string) float64 {
+	c, ok1 := r.Runtimes["crisp"][key]
+	d, ok2 := r.Runtimes["containerd"][key]
+	if !ok1 || !ok2 || d == 0 {
+		return math.NaN()
+	}
+	return c / d
+}
+
+// Met says whether a metric meets its target; ok is false without a target or data.
+func (r *Report) Met(m Metric) (met, ok bool) {
+	ratio := r.Ratio(m.Key)
+	if m.Target == 0 || math.IsNaN(ratio) {
+		return false, false
+	}
+	if m.HigherBetter {
+		return ratio >= m.Target, true
+	}
+	return ratio <= m.Target, true
+}
+
+// WriteTable prints the report as one table.
+func (r *Report) WriteTable(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "metric\tunit\tcontainerd\tcrisp\tcrisp/containerd\ttarget\t")
+	for _, m := range Metrics {
+		target := ""
+		if met, ok := r.Met(m); ok {
+			op := "≤"
+			if m.HigherBetter {
+				op = "≥"
+			}
+			verdict := "met"
+			if !met {
+				verdict = "MISSED"
+			}
+			target = fmt.Sprintf("%s%.1f %s", op, m.Target, verdict)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t\n", m.Name, m.Unit,
+			num(r.Runtimes["containerd"], m.Key), num(r.Runtimes["crisp"], m.Key), ratio(r.Ratio(m.Key)), target)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, n := range r.Notes {
+		fmt.Fprintln(w, "note:", n)
+	}
+	return nil
+}
+
+func num(r Results, key string) string {
+	v, ok := r[key]
+	if !ok {
+		return "-"
+	}
+	switch {
+	case v >= 100:
+		return fmt.Sprintf("%.0f", v)
+	case v >= 10:
+		return fmt.Sprintf("%.1f", v)
+	default:
+		return fmt.Sprintf("%.2f", v)
+	}
+}
+
+func ratio(v float64) string {
+	if math.IsNaN(v) {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", v)
+}
+
+// Save writes the report as JSON into dir, named by its time, and returns the path.
+func (r *Report) Save(dir string) (string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return "", err
+	}
+	name := "bench-" + strings.ReplaceAll(r.Time.UTC().Format("20060102T150405Z"), ":", "") + ".json"
+	path := filepath.Join(dir, name)
+	return path, os.WriteFile(path, append(b, '\n'), 0o644)
+}
