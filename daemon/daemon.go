@@ -18,6 +18,7 @@ import (
 	"github.com/crisp-runtime/crisp/cri"
 	"github.com/crisp-runtime/crisp/image"
 	"github.com/crisp-runtime/crisp/image/remote"
+	"github.com/crisp-runtime/crisp/memtrim"
 	"github.com/crisp-runtime/crisp/network"
 	"github.com/crisp-runtime/crisp/store"
 	"github.com/crisp-runtime/crisp/streaming"
@@ -94,6 +95,11 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if err := svc.Recover(ctx, live); err != nil {
 		return err
 	}
+
+	// Image pulls and pod bursts leave megabytes of free heap that the runtime's
+	// scavenger would hand back only over minutes; a node's daemon should not sit on
+	// its peak.
+	go memtrim.Run(ctx, 10*time.Second, 4<<20)
 
 	// The streaming libraries log through klog; send that into our structured log
 	// instead of bare lines on stderr.
