@@ -181,6 +181,14 @@ func runOne(ctx context.Context, t *testing.T, start func(context.Context, Spec)
 	res.Ms("create_p50", Percentile(pick(func(c CycleTimes) time.Duration { return c.Create }), 50))
 	res.Ms("start_p50", Percentile(pick(func(c CycleTimes) time.Duration { return c.Start }), 50))
 	res.Ms("create_start_p50", Percentile(pick(func(c CycleTimes) time.Duration { return c.Create + c.Start }), 50))
+	res.Ms("stop_p50", Percentile(pick(func(c CycleTimes) time.Duration { return c.Stop }), 50))
+	res.Ms("stop_pod_p50", Percentile(pick(func(c CycleTimes) time.Duration { return c.StopPod }), 50))
+	res.Ms("remove_pod_p50", Percentile(pick(func(c CycleTimes) time.Duration { return c.Remove }), 50))
+	for i, c := range cs {
+		if c.Total() > 2*Percentile(pick(CycleTimes.Total), 50) {
+			t.Logf("%s: slow cycle %d: %+v", d.Name, i, c)
+		}
+	}
 	res.Ms("pod_start_p50", Percentile(pick(CycleTimes.PodStart), 50))
 	total := pick(CycleTimes.Total)
 	res.Ms("cycle_p50", Percentile(total, 50))

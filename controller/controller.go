@@ -409,7 +409,31 @@ func (c *Controller) stop(ctx context.Context, sb *sandbox, timeout time.Duratio
 	if phase == phaseStopped {
 		return nil
 	}
-	// 1. The pause process (and with it the pod's namespaces' last holder).
+	// The pause process and the network go down at once: CNI DEL works on the pinned
+	// namespace whether or not the pause process still runs in it.
+	netErr := make(chan error, 1)
+	go func() { netErr <- c.teardownNetwork(ctx, sb) }()
+	err := c.stopSandboxProcess(ctx, sb, svc, dead, timeout)
+	if nerr := <-netErr; nerr != nil {
+		err = errors.Join(err, nerr)
+	}
+	if err != nil {
+		return err
+	}
+	sb.mu.Lock()
+	sb.rec.Phase = phaseStopped
+	sb.exited = true
+	if sb.rec.ExitedAt.IsZero() {
+		sb.rec.ExitedAt = time.Now()
+	}
+	rec := sb.rec
+	sb.mu.Unlock()
+	return c.store.Put(bucket, rec.ID, rec)
+}
+
+// stopSandboxProcess stops the pause process through the shim, or cleans up after a
+// shim that is gone.
+func (c *Controller) stopSandboxProcess(ctx context.Context, sb *sandbox, svc sandboxapi.TTRPCSandboxService, dead bool, timeout time.Duration) error {
 	if svc != nil && !dead {
 		_, err := svc.StopSandbox(ctx, &sandboxapi.StopSandboxRequest{SandboxID: sb.rec.ID, TimeoutSecs: uint32(timeout / time.Second)})
 		if err != nil && !errdefs.IsNotFound(fromShim(err)) {
@@ -427,19 +451,7 @@ func (c *Controller) stop(ctx context.Context, sb *sandbox, timeout time.Duratio
 			return fmt.Errorf("clean up after dead shim of pod %s: %w", sb.rec.ID, err)
 		}
 	}
-	// 2. The network: CNI DEL, then the namespace itself.
-	if err := c.teardownNetwork(ctx, sb); err != nil {
-		return err
-	}
-	sb.mu.Lock()
-	sb.rec.Phase = phaseStopped
-	sb.exited = true
-	if sb.rec.ExitedAt.IsZero() {
-		sb.rec.ExitedAt = time.Now()
-	}
-	rec := sb.rec
-	sb.mu.Unlock()
-	return c.store.Put(bucket, rec.ID, rec)
+	return nil
 }
 
 func (c *Controller) teardownNetwork(ctx context.Context, sb *sandbox) error {
