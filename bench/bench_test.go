@@ -247,6 +247,9 @@ func runOne(ctx context.Context, t *testing.T, start func(context.Context, Spec)
 		return res, version, err
 	}
 	res["daemon_rss_20"] = dm.RSS / 1024
+	if anon, err := RssAnon(d.Pid()); err == nil {
+		res["daemon_anon_20"] = anon / 1024
+	}
 
 	step("exec")
 	ex, err := w.ExecLatency(ctx, sleeper, 100)
@@ -261,6 +264,16 @@ func runOne(ctx context.Context, t *testing.T, start func(context.Context, Spec)
 	if err != nil {
 		return res, version, err
 	}
+	var vs []time.Duration
+	for range 200 {
+		t0 := time.Now()
+		if _, err := d.RT.Version(ctx, &cri.VersionRequest{}); err != nil {
+			return res, version, err
+		}
+		vs = append(vs, time.Since(t0))
+	}
+	// An RPC that does no work: what any list call costs at least on this client.
+	res.Ms("version_p50", Percentile(vs, 50))
 	res.Ms("list_pods_p50", Percentile(lp, 50))
 	res.Ms("list_ctrs_p50", Percentile(lc, 50))
 	return res, version, nil

@@ -103,3 +103,21 @@ func sandboxPid(info string) (int, error) {
 	}
 	return v.Pid, nil
 }
+
+// RssAnon is a process's anonymous resident memory in KiB (heap, stacks), from
+// /proc/PID/status; the rest of its RSS is file pages (binary and libraries).
+func RssAnon(pid int) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "RssAnon:"); ok {
+			f := strings.Fields(rest)
+			if len(f) > 0 {
+				return strconv.ParseFloat(f[0], 64)
+			}
+		}
+	}
+	return 0, fmt.Errorf("no RssAnon in /proc/%d/status", pid)
+}

@@ -47,6 +47,8 @@ var Metrics = []Metric{
 	{Key: "pause_pss", Name: "  pause PSS", Unit: "MiB"},
 	{Key: "daemon_rss_idle", Name: "daemon RSS idle", Unit: "MiB"},
 	{Key: "daemon_rss_20", Name: "daemon RSS with 20 pods", Unit: "MiB", Target: 0.5},
+	{Key: "daemon_anon_20", Name: "  of which anonymous", Unit: "MiB"},
+	{Key: "version_p50", Name: "Version p50 (gRPC floor)", Unit: "ms"},
 	{Key: "list_pods_p50", Name: "ListPodSandbox p50 (100 pods)", Unit: "ms", Target: 0.5},
 	{Key: "list_ctrs_p50", Name: "ListContainers p50 (200 ctrs)", Unit: "ms", Target: 0.5},
 	{Key: "pull", Name: "pull+unpack 50 MB, 5 layers", Unit: "ms"},
