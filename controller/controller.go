@@ -561,6 +561,17 @@ func (c *Controller) Status(id string) (*Status, error) {
 	return sb.status(), nil
 }
 
+// Ready reports whether the sandbox is known and ready, without copying its status.
+func (c *Controller) Ready(id string) bool {
+	sb := c.get(id)
+	if sb == nil {
+		return false
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return sb.ready()
+}
+
 // Info asks the shim for its verbose view of the sandbox.
 func (c *Controller) Info(ctx context.Context, id string) (map[string]string, error) {
 	sb := c.get(id)
@@ -600,10 +611,15 @@ func (sb *sandbox) status() *Status {
 		ExitedAt:      sb.rec.ExitedAt,
 		ShimAlive:     sb.client != nil && !sb.shimDead,
 	}
-	if sb.rec.Phase == phaseReady && !sb.shimDead && !sb.exited {
+	if sb.ready() {
 		st.State = StateReady
 	}
 	return st
+}
+
+// ready is the sandbox's readiness; sb.mu must be held.
+func (sb *sandbox) ready() bool {
+	return sb.rec.Phase == phaseReady && !sb.shimDead && !sb.exited
 }
 
 func (c *Controller) get(id string) *sandbox {

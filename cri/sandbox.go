@@ -325,24 +325,28 @@ func (s *Service) ListPodSandbox(_ context.Context, req *runtime.ListPodSandboxR
 	}
 	s.mu.RUnlock()
 	sort.Slice(pods, func(i, j int) bool { return pods[i].rec.CreatedAt < pods[j].rec.CreatedAt })
-	resp := &runtime.ListPodSandboxResponse{}
+	resp := &runtime.ListPodSandboxResponse{Items: make([]*runtime.PodSandbox, 0, len(pods))}
 	for _, p := range pods {
-		st, _ := s.ctrl.Status(p.rec.ID)
-		full := s.podStatus(p, st)
-		if f.GetState() != nil && f.GetState().GetState() != full.State {
+		// Only the state: kubelet lists every second, and building each pod's full
+		// status here showed up in the List latency.
+		state := runtime.PodSandboxState_SANDBOX_NOTREADY
+		if s.ctrl.Ready(p.rec.ID) {
+			state = runtime.PodSandboxState_SANDBOX_READY
+		}
+		if f.GetState() != nil && f.GetState().GetState() != state {
 			continue
 		}
-		if !labelsMatch(full.Labels, f.GetLabelSelector()) {
+		if !labelsMatch(p.config.GetLabels(), f.GetLabelSelector()) {
 			continue
 		}
 		resp.Items = append(resp.Items, &runtime.PodSandbox{
-			Id:             full.Id,
-			Metadata:       full.Metadata,
-			State:          full.State,
-			CreatedAt:      full.CreatedAt,
-			Labels:         full.Labels,
-			Annotations:    full.Annotations,
-			RuntimeHandler: full.RuntimeHandler,
+			Id:             p.rec.ID,
+			Metadata:       p.config.GetMetadata(),
+			State:          state,
+			CreatedAt:      p.rec.CreatedAt,
+			Labels:         p.config.GetLabels(),
+			Annotations:    p.config.GetAnnotations(),
+			RuntimeHandler: p.rec.Handler,
 		})
 	}
 	return resp, nil

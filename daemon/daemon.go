@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"time"
 
 	"google.golang.org/grpc"
@@ -101,11 +100,6 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	// scavenger would hand back only over minutes; a node's daemon should not sit on
 	// its peak.
 	go memtrim.Run(ctx, 10*time.Second, 2<<20)
-	if os.Getenv("GOGC") == "" {
-		// criserver's live heap is a few MiB; collecting at +50 % instead of +100 %
-		// keeps its resident size down for a GC cost that stays in the microseconds.
-		debug.SetGCPercent(50)
-	}
 
 	// The streaming libraries log through klog; send that into our structured log
 	// instead of bare lines on stderr.
