@@ -206,12 +206,11 @@ func runOne(ctx context.Context, t *testing.T, start func(context.Context, Spec)
 	var sleeper string
 	var perPod, shim, pause Mem
 	for i := range 20 {
-		pod, cid, err := w.PodWithSleep(ctx, fmt.Sprintf("mem%d", i))
+		_, cid, err := w.PodWithSleep(ctx, fmt.Sprintf("mem%d", i))
 		if err != nil {
 			return res, version, err
 		}
 		sleeper = cid
-		_ = pod
 	}
 	time.Sleep(2 * time.Second)
 	pods, err := d.RT.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{})

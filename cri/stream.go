@@ -183,20 +183,12 @@ func (r *streamRuntime) Exec(ctx context.Context, containerID string, cmd []stri
 	if err != nil {
 		return err
 	}
-	execID := newID()[:32]
-	dir := filepath.Join(s.cfg.StateDir, "exec", execID)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("exec dir: %w", err)
-	}
-	defer os.RemoveAll(dir)
-	if tty {
-		errw = nil // the terminal merges both outputs into stdout
-	}
-	sio, err := openStreamFIFOs(dir, in, out, errw)
+	sio, err := openStreamFIFOs(filepath.Join(s.cfg.StateDir, "exec"), in, out, errw, tty)
 	if err != nil {
 		return err
 	}
 	defer sio.close()
+	execID := sio.id
 
 	if err := s.ctrl.Exec(ctx, controller.ExecSpec{
 		SandboxID: rec.PodID, ContainerID: rec.ID, ExecID: execID, Process: proc, Terminal: tty,
@@ -253,18 +245,10 @@ func (r *streamRuntime) Attach(ctx context.Context, containerID string, in io.Re
 	if err != nil {
 		return err
 	}
-	dir := filepath.Join(s.cfg.StateDir, "attach", newID()[:32])
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("attach dir: %w", err)
-	}
-	defer os.RemoveAll(dir)
-	if tty {
-		errw = nil
-	}
 	if !c.config.GetStdin() {
 		in = nil // the container has no stdin to feed
 	}
-	sio, err := openStreamFIFOs(dir, in, out, errw)
+	sio, err := openStreamFIFOs(filepath.Join(s.cfg.StateDir, "attach"), in, out, errw, tty)
 	if err != nil {
 		return err
 	}
@@ -297,7 +281,7 @@ func (r *streamRuntime) Attach(ctx context.Context, containerID string, in io.Re
 		sio.waitOutput(streamDrain)
 	case <-sio.outputDone():
 	case <-stdinDone:
-		if out != nil || errw != nil {
+		if sio.stdout != nil || sio.stderr != nil {
 			// Stdin closed: keep streaming output until the container or client ends it.
 			select {
 			case <-ctx.Done():
@@ -416,6 +400,7 @@ func dialInNetNS(ctx context.Context, nsPath string, port int32) (net.Conn, erro
 // streamFIFOs is the FIFOs of one session: stdin written by us, stdout and stderr
 // read by us and copied to the client.
 type streamFIFOs struct {
+	id                    string
 	dir                   string
 	stdin, stdout, stderr *os.File // our ends; nil when the client did not ask
 	keep                  []*os.File
@@ -424,8 +409,19 @@ type streamFIFOs struct {
 	closeOnce             sync.Once
 }
 
-func openStreamFIFOs(dir string, in io.Reader, out, errw io.Writer) (_ *streamFIFOs, retErr error) {
-	sf := &streamFIFOs{dir: dir, outDone: make(chan struct{})}
+// openStreamFIFOs makes a session directory <parent>/<id> and opens the FIFOs of the
+// streams the client asked for (a terminal has no stderr: it merges both outputs into
+// stdout). close removes them all.
+func openStreamFIFOs(parent string, in io.Reader, out, errw io.Writer, tty bool) (_ *streamFIFOs, retErr error) {
+	id := newID()[:32]
+	dir := filepath.Join(parent, id)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("session dir: %w", err)
+	}
+	if tty {
+		errw = nil
+	}
+	sf := &streamFIFOs{id: id, dir: dir, outDone: make(chan struct{})}
 	defer func() {
 		if retErr != nil {
 			sf.close()
@@ -537,5 +533,6 @@ func (sf *streamFIFOs) close() {
 			}
 		}
 		sf.outWG.Wait()
+		_ = os.RemoveAll(sf.dir)
 	})
 }

@@ -174,61 +174,32 @@ func (a *attachIn) close() {
 // reading without a writer reads EOF at once, so the copy waits for POLLIN or for
 // POLLHUP, which the kernel reports only once a writer has come and gone.
 func copyFIFOIn(dst io.Writer, src *os.File) error {
-	rc, err := src.SyscallConn()
-	if err != nil {
-		return err
-	}
-	for {
-		var (
-			buf  *[]byte
-			n    int
-			rerr error
-			eof  bool
-		)
-		err := rc.Read(func(fd uintptr) bool {
-			pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-			if _, err := unix.Poll(pfd, 0); err != nil {
-				if err == unix.EINTR {
-					return false
-				}
-				rerr = err
-				return true
+	return copyLoop(dst, src, func(fd int, take func() []byte) (int, readStep, error) {
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		if _, err := unix.Poll(pfd, 0); err != nil {
+			if err == unix.EINTR {
+				return 0, stepAgain, nil
 			}
-			re := pfd[0].Revents
+			return 0, stepEOF, err
+		}
+		re := pfd[0].Revents
+		switch {
+		case re&unix.POLLIN != 0:
+			n, err := unix.Read(fd, take())
 			switch {
-			case re&unix.POLLIN != 0:
-				b := bufPool.Get().(*[]byte)
-				n, rerr = unix.Read(int(fd), *b)
-				if rerr == unix.EAGAIN || rerr == unix.EINTR {
-					bufPool.Put(b)
-					return false
-				}
-				buf = b
-				if n == 0 && rerr == nil {
-					eof = true
-				}
-				return true
-			case re&(unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0:
-				eof = true
-				return true
+			case err == unix.EAGAIN || err == unix.EINTR:
+				return 0, stepAgain, nil
+			case err != nil:
+				return 0, stepEOF, err
+			case n == 0:
+				return 0, stepEOF, nil
 			}
-			return false
-		})
-		if err != nil || rerr != nil || eof {
-			if buf != nil {
-				bufPool.Put(buf)
-			}
-			if err != nil {
-				return err
-			}
-			return rerr
+			return n, stepData, nil
+		case re&(unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0:
+			return 0, stepEOF, nil
 		}
-		_, werr := dst.Write((*buf)[:n])
-		bufPool.Put(buf)
-		if werr != nil {
-			return werr
-		}
-	}
+		return 0, stepAgain, nil
+	})
 }
 
 // attach connects an attach session's FIFOs ("" = none) to the process. Output sinks

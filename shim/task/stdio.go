@@ -394,10 +394,20 @@ func recvConsole(sock int) (*os.File, error) {
 // bufPool holds copy buffers shared by every stream of the shim.
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
-// copyFile copies src to dst until EOF, a read error or src being closed. src must be
-// pollable (a pipe, FIFO or pty): the copier waits for data before it takes a buffer from
-// the pool, so an idle stream, the usual state, holds none.
-func copyFile(dst io.Writer, src *os.File) error {
+// readStep is the outcome of one read attempt of copyLoop.
+type readStep int
+
+const (
+	stepData  readStep = iota // n bytes were read
+	stepAgain                 // nothing yet: wait for the fd to be readable again
+	stepEOF                   // the stream ended (with the error, if any)
+)
+
+// copyLoop copies src to dst, one step at a time, until a step reports EOF or an
+// error. src must be pollable (a pipe, FIFO or pty). A step borrows a pool buffer
+// through take only when it reads, and a step that finds nothing gives it back, so an
+// idle stream, the usual state, holds none.
+func copyLoop(dst io.Writer, src *os.File, step func(fd int, take func() []byte) (int, readStep, error)) error {
 	rc, err := src.SyscallConn()
 	if err != nil {
 		return err
@@ -406,43 +416,62 @@ func copyFile(dst io.Writer, src *os.File) error {
 		var (
 			buf  *[]byte
 			n    int
+			res  readStep
 			rerr error
 		)
+		take := func() []byte {
+			if buf == nil {
+				buf = bufPool.Get().(*[]byte)
+			}
+			return *buf
+		}
 		err := rc.Read(func(fd uintptr) bool {
-			b := bufPool.Get().(*[]byte)
-			for {
-				n, rerr = unix.Read(int(fd), *b)
-				if rerr != unix.EINTR {
-					break
-				}
-			}
-			if rerr == unix.EAGAIN {
-				bufPool.Put(b)
-				return false
-			}
-			buf = b
-			return true
-		})
-		if err != nil {
-			if buf != nil {
+			n, res, rerr = step(int(fd), take)
+			if res == stepAgain && buf != nil {
 				bufPool.Put(buf)
+				buf = nil
 			}
+			return res != stepAgain
+		})
+		if err == nil && rerr == nil && res == stepData {
+			_, err = dst.Write((*buf)[:n])
+			bufPool.Put(buf)
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		if buf != nil {
+			bufPool.Put(buf)
+		}
+		if err != nil {
 			return err
 		}
-		if rerr != nil || n <= 0 {
-			bufPool.Put(buf)
-			// EIO is how a pty master reports that the last slave fd closed.
-			if n == 0 || rerr == unix.EIO {
-				return nil
-			}
-			return rerr
-		}
-		_, werr := dst.Write((*buf)[:n])
-		bufPool.Put(buf)
-		if werr != nil {
-			return werr
-		}
+		return rerr
 	}
+}
+
+// copyFile copies src to dst until EOF, a read error or src being closed.
+func copyFile(dst io.Writer, src *os.File) error {
+	return copyLoop(dst, src, func(fd int, take func() []byte) (int, readStep, error) {
+		for {
+			n, err := unix.Read(fd, take())
+			switch {
+			case err == unix.EINTR:
+				continue
+			case err == unix.EAGAIN:
+				return 0, stepAgain, nil
+			case err == unix.EIO:
+				// How a pty master reports that the last slave fd closed.
+				return 0, stepEOF, nil
+			case err != nil:
+				return 0, stepEOF, err
+			case n == 0:
+				return 0, stepEOF, nil
+			}
+			return n, stepData, nil
+		}
+	})
 }
 
 // logSink feeds a CRI log stream and keeps draining when the file cannot be written: a
