@@ -213,10 +213,10 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 	if err != nil {
 		return nil, fmt.Errorf("encode container config: %w", err)
 	}
-	imageRef := img.ID
-	if len(img.RepoDigests) > 0 {
-		imageRef = img.RepoDigests[0]
-	}
+	// image_id is the config digest whatever name the image was asked for by; image_ref
+	// is the repo digest of the repository the user named (kubelet passes the image ID
+	// in image and the pod spec's name in user_specified_image), as containerd reports.
+	imageRef := img.RepoDigest(userImage(cfg.GetImage()))
 	c := &container{
 		rec: containerRecord{
 			ID: id, PodID: p.rec.ID, Config: raw, ImageID: img.ID, ImageRef: imageRef, LogPath: logPath,
@@ -233,6 +233,15 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 	s.containers[id] = c
 	s.mu.Unlock()
 	return &runtime.CreateContainerResponse{ContainerId: id}, nil
+}
+
+// userImage is the image as the user named it: the CRI's user_specified_image, or
+// the image field when the caller (crictl, an older kubelet) sets only that.
+func userImage(spec *runtime.ImageSpec) string {
+	if u := spec.GetUserSpecifiedImage(); u != "" {
+		return u
+	}
+	return spec.GetImage()
 }
 
 // generateSpec mounts the rootfs briefly so the spec can resolve users and groups
@@ -264,21 +273,22 @@ func (s *Service) generateSpec(id string, cfg *runtime.ContainerConfig, p *pod, 
 		targetPid = int(rec.Pid)
 	}
 	return spec.Generate(spec.Input{
-		ContainerID:      id,
-		SandboxID:        p.rec.ID,
-		ImageName:        cfg.GetImage().GetImage(),
-		Config:           cfg,
-		Pod:              p.config,
-		Image:            imgSpec,
-		RootfsPath:       tmp,
-		PausePid:         int(st.Pid),
-		NetNSPath:        st.NetNS,
-		PodFilesDir:      s.podDir(p.rec.ID),
-		ShmPath:          s.podShm(p),
-		CgroupParent:     p.config.GetLinux().GetCgroupParent(),
-		SystemdCgroup:    s.cfg.CgroupDriver == "systemd",
-		TargetPid:        targetPid,
-		OOMScoreAdjFloor: ownOOMScoreAdj(),
+		ContainerID:             id,
+		SandboxID:               p.rec.ID,
+		ImageName:               userImage(cfg.GetImage()),
+		Config:                  cfg,
+		Pod:                     p.config,
+		Image:                   imgSpec,
+		RootfsPath:              tmp,
+		PausePid:                int(st.Pid),
+		NetNSPath:               st.NetNS,
+		PodFilesDir:             s.podDir(p.rec.ID),
+		ShmPath:                 s.podShm(p),
+		CgroupParent:            p.config.GetLinux().GetCgroupParent(),
+		SystemdCgroup:           s.cfg.CgroupDriver == "systemd",
+		TargetPid:               targetPid,
+		OOMScoreAdjFloor:        ownOOMScoreAdj(),
+		RecursiveReadOnlyMounts: s.rroSupported,
 	})
 }
 
@@ -511,7 +521,7 @@ func (s *Service) ContainerStatus(_ context.Context, req *runtime.ContainerStatu
 		StartedAt:   rec.StartedAt,
 		FinishedAt:  rec.FinishedAt,
 		ExitCode:    rec.ExitCode,
-		Image:       &runtime.ImageSpec{Image: rec.ImageID, UserSpecifiedImage: cfg.GetImage().GetImage(), Annotations: cfg.GetImage().GetAnnotations()},
+		Image:       &runtime.ImageSpec{Image: rec.ImageID, UserSpecifiedImage: userImage(cfg.GetImage()), Annotations: cfg.GetImage().GetAnnotations()},
 		ImageRef:    rec.ImageRef,
 		ImageId:     rec.ImageID,
 		Reason:      rec.Reason,
@@ -593,7 +603,7 @@ func (s *Service) ListContainers(_ context.Context, req *runtime.ListContainersR
 		}
 		resp.Containers = append(resp.Containers, &runtime.Container{
 			Id: rec.ID, PodSandboxId: rec.PodID, Metadata: c.config.GetMetadata(),
-			Image:    &runtime.ImageSpec{Image: rec.ImageID, UserSpecifiedImage: c.config.GetImage().GetImage()},
+			Image:    &runtime.ImageSpec{Image: rec.ImageID, UserSpecifiedImage: userImage(c.config.GetImage())},
 			ImageRef: rec.ImageRef, ImageId: rec.ImageID, State: state, CreatedAt: rec.CreatedAt,
 			Labels: c.config.GetLabels(), Annotations: c.config.GetAnnotations(),
 		})

@@ -14,6 +14,7 @@ import (
 
 	"github.com/crisp-runtime/crisp/config"
 	"github.com/crisp-runtime/crisp/controller"
+	"github.com/crisp-runtime/crisp/cri/spec"
 	"github.com/crisp-runtime/crisp/image"
 	"github.com/crisp-runtime/crisp/network"
 	"github.com/crisp-runtime/crisp/store"
@@ -38,6 +39,9 @@ type Service struct {
 	names  *nameIndex
 	// stream hands out streaming URLs; nil until SetStreamServer.
 	stream URLServer
+	// rroSupported: the kernel has mount_setattr, so recursive_read_only mounts work
+	// (probed once in New; Status advertises it per runtime handler).
+	rroSupported bool
 
 	mu         sync.RWMutex
 	pods       map[string]*pod
@@ -61,7 +65,11 @@ type podRecord struct {
 
 // New returns the CRI service over a controller.
 func New(cfg config.Config, st *store.Store, ctrl *controller.Controller, net *network.Manager, images *image.Service, log *slog.Logger) *Service {
-	return &Service{cfg: cfg, store: st, ctrl: ctrl, net: net, images: images, log: log, names: newNameIndex(), pods: map[string]*pod{}, containers: map[string]*container{}}
+	rro := spec.RecursiveReadOnlySupported()
+	if !rro {
+		log.Warn("kernel has no mount_setattr (Linux 5.12+): recursive read-only mounts are refused and not advertised")
+	}
+	return &Service{cfg: cfg, store: st, ctrl: ctrl, net: net, images: images, log: log, rroSupported: rro, names: newNameIndex(), pods: map[string]*pod{}, containers: map[string]*container{}}
 }
 
 // Recover loads the pods from the store after a restart. liveSandboxes are the ids the
@@ -117,7 +125,11 @@ func (s *Service) Version(context.Context, *runtime.VersionRequest) (*runtime.Ve
 	}, nil
 }
 
-// Status reports whether the runtime and the pod network are ready.
+// Status reports whether the runtime and the pod network are ready, and the features
+// kubelet checks before using them: per runtime handler recursive read-only mounts
+// (when the kernel has mount_setattr: the OCI spec's "rro" option is what every
+// handler's shim gets, and shim-runc's libcontainer applies it), and for the runtime
+// SupplementalGroupsPolicy Strict.
 func (s *Service) Status(_ context.Context, req *runtime.StatusRequest) (*runtime.StatusResponse, error) {
 	runtimeReady := &runtime.RuntimeCondition{Type: runtime.RuntimeReady, Status: true}
 	networkReady := &runtime.RuntimeCondition{Type: runtime.NetworkReady, Status: true}
@@ -126,12 +138,20 @@ func (s *Service) Status(_ context.Context, req *runtime.StatusRequest) (*runtim
 		networkReady.Reason = "NetworkPluginNotReady"
 		networkReady.Message = err.Error()
 	}
-	resp := &runtime.StatusResponse{Status: &runtime.RuntimeStatus{Conditions: []*runtime.RuntimeCondition{runtimeReady, networkReady}}}
+	resp := &runtime.StatusResponse{
+		Status: &runtime.RuntimeStatus{Conditions: []*runtime.RuntimeCondition{runtimeReady, networkReady}},
+		// cri/spec resolves supplemental groups itself and honours Strict (no groups
+		// from the image's /etc/group); ContainerStatus.user reports the result.
+		Features: &runtime.RuntimeFeatures{SupplementalGroupsPolicy: true},
+	}
+	features := func() *runtime.RuntimeHandlerFeatures {
+		return &runtime.RuntimeHandlerFeatures{RecursiveReadOnlyMounts: s.rroSupported}
+	}
 	for _, name := range s.cfg.HandlerNames() {
-		resp.RuntimeHandlers = append(resp.RuntimeHandlers, &runtime.RuntimeHandler{Name: name, Features: &runtime.RuntimeHandlerFeatures{}})
+		resp.RuntimeHandlers = append(resp.RuntimeHandlers, &runtime.RuntimeHandler{Name: name, Features: features()})
 		if name == s.cfg.DefaultRuntimeHandler {
 			// Kubelet looks up the default RuntimeClass under the empty name.
-			resp.RuntimeHandlers = append(resp.RuntimeHandlers, &runtime.RuntimeHandler{Name: "", Features: &runtime.RuntimeHandlerFeatures{}})
+			resp.RuntimeHandlers = append(resp.RuntimeHandlers, &runtime.RuntimeHandler{Name: "", Features: features()})
 		}
 	}
 	if req.GetVerbose() {

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -75,6 +76,33 @@ func (i *Image) TopChainID() digest.Digest {
 		return ""
 	}
 	return i.ChainIDs[len(i.ChainIDs)-1]
+}
+
+// RepoDigest returns the "repository@sha256:..." reference that a container created
+// from ref reports as ContainerStatus.image_ref (kubelet shows it as the pod's
+// imageID): the repo digest of ref's own repository, so a container created from
+// mirror.example/app:v1 names mirror.example/app even when the same image was pulled
+// under other names too; the digest itself when ref is one of the image's repo
+// digests; else the first repo digest, as containerd reports; else the image ID when
+// the image has none. ref may be a tag, a digest reference, an ID or empty.
+func (i *Image) RepoDigest(ref string) string {
+	if named, err := remote.Normalize(ref); err == nil && !strings.HasPrefix(ref, "sha256:") {
+		repo := reference.TrimNamed(named).String()
+		if c, ok := named.(reference.Canonical); ok {
+			if want := repo + "@" + c.Digest().String(); slices.Contains(i.RepoDigests, want) {
+				return want
+			}
+		}
+		for _, d := range i.RepoDigests {
+			if r, _, _ := strings.Cut(d, "@"); r == repo {
+				return d
+			}
+		}
+	}
+	if len(i.RepoDigests) > 0 {
+		return i.RepoDigests[0]
+	}
+	return i.ID
 }
 
 func (i *Image) clone() *Image {

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
@@ -464,5 +465,141 @@ func TestPullLargeImageTiming(t *testing.T) {
 	t.Logf("pull+unpack of a %.1f MB image in 5 layers (500 files): %v", float64(got.Size)/1e6, time.Since(start))
 	if got.Size < 50e6 {
 		t.Errorf("image is %d bytes, want ~50 MB", got.Size)
+	}
+}
+
+// TestImageIdentityAcrossReferences pulls one image by tag, by digest, by a second tag,
+// under a second repository and through an index: every pull returns the same ID (the
+// config digest), and RepoDigest picks the repo digest of the repository a container
+// names.
+func TestImageIdentityAcrossReferences(t *testing.T) {
+	f := newFixture(t)
+	host := imagetest.StartRegistry(t)
+	idx, amd64, _ := imagetest.MultiPlatformIndex(t, imagetest.OCI)
+	imagetest.Push(t, host, "app:v1", amd64)
+	imagetest.Push(t, host, "app:v2", amd64)
+	imagetest.Push(t, host, "other/app:v1", amd64)
+	imagetest.Push(t, host, "multi:v1", idx)
+	id := imagetest.ConfigDigest(t, amd64).String()
+	mdig := imagetest.Digest(t, amd64).String()
+	idig := imagetest.Digest(t, idx).String()
+	refs := []string{
+		host + "/app:v1",
+		host + "/app@" + mdig,
+		host + "/app:v2",
+		host + "/other/app:v1",
+		host + "/multi:v1",
+	}
+	for _, ref := range refs {
+		img, err := f.svc.Pull(context.Background(), ref, nil)
+		if err != nil {
+			t.Fatalf("pull %s: %v", ref, err)
+		}
+		if img.ID != id {
+			t.Errorf("pull %s: id %s, want the config digest %s", ref, img.ID, id)
+		}
+	}
+	if n := len(f.svc.List()); n != 1 {
+		t.Fatalf("%d images after pulling one image five ways", n)
+	}
+	img, err := f.svc.Get(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantDigests := []string{host + "/app@" + mdig, host + "/other/app@" + mdig, host + "/multi@" + idig}
+	if !equalSets(img.RepoDigests, wantDigests) {
+		t.Errorf("repo digests %v, want %v", img.RepoDigests, wantDigests)
+	}
+	for ref, want := range map[string]string{
+		host + "/app:v1":                       host + "/app@" + mdig,
+		host + "/app:v2":                       host + "/app@" + mdig,
+		host + "/app@" + mdig:                  host + "/app@" + mdig,
+		host + "/other/app:v1":                 host + "/other/app@" + mdig,
+		host + "/multi:v1":                     host + "/multi@" + idig,
+		host + "/multi@" + mdig:                host + "/multi@" + idig, // the platform manifest of the index
+		host + "/app:v1@" + mdig:               host + "/app@" + mdig,
+		id:                                     img.RepoDigests[0], // kubelet without user_specified_image
+		strings.TrimPrefix(id, "sha256:")[:12]: img.RepoDigests[0],
+	} {
+		if got := img.RepoDigest(ref); got != want {
+			t.Errorf("RepoDigest(%s) = %s, want %s", ref, got, want)
+		}
+		if got, err := f.svc.Get(ref); err != nil || got.ID != id {
+			t.Errorf("Get(%s): %v", ref, err)
+		}
+	}
+	if got := (&Image{ID: id}).RepoDigest("x/y:z"); got != id {
+		t.Errorf("RepoDigest of an image without repo digests = %s, want its ID", got)
+	}
+}
+
+func equalSets(a, b []string) bool {
+	a, b = append([]string(nil), a...), append([]string(nil), b...)
+	sort.Strings(a)
+	sort.Strings(b)
+	return strings.Join(a, "\n") == strings.Join(b, "\n")
+}
+
+// TestPullDeadlineLeavesNothing pulls with a deadline while the registry stalls the
+// layer: Pull returns context.DeadlineExceeded right after the deadline, and no image,
+// blob of the layer, ingest file or snapshot remains; once the registry is fast
+// again the same pull succeeds.
+func TestPullDeadlineLeavesNothing(t *testing.T) {
+	f := newFixture(t)
+	layer := imagetest.NewLayer(t, imagetest.OCI, imagetest.Uncompressed, imagetest.RandomFile("big", 4<<20, 7))
+	img := imagetest.NewImage(t, imagetest.ImageOptions{}, layer)
+	stall := imagetest.NewStaller()
+	host := imagetest.StartRegistry(t, imagetest.WithStalledBlobs(imagetest.Blobs(imagetest.Digest(t, layer)), 1<<20, stall))
+	imagetest.Push(t, host, "slow:v1", img)
+
+	const deadline = 500 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	start := time.Now()
+	_, err := f.svc.Pull(ctx, host+"/slow:v1", nil)
+	took := time.Since(start)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("pull past its deadline returned %v, want context.DeadlineExceeded", err)
+	}
+	select {
+	case <-stall.Stalled():
+	default:
+		t.Fatal("the layer download never reached the stalled registry")
+	}
+	if took > deadline+time.Second {
+		t.Errorf("pull returned %v after a %v deadline", took, deadline)
+	}
+	t.Logf("pull with a %v deadline returned after %v: %v", deadline, took, err)
+	if imgs := f.svc.List(); len(imgs) != 0 {
+		t.Errorf("images after a failed pull: %v", imgs)
+	}
+	if f.svc.content.Has(imagetest.Digest(t, layer)) {
+		t.Error("the half-downloaded layer is in the content store")
+	}
+	entries, err := os.ReadDir(filepath.Join(f.root, "images", "content", "ingest"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		t.Errorf("ingest file left behind: %s", e.Name())
+	}
+	diffID, err := layer.DiffID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.svc.snaps.Stat(digest.Digest(diffID.String())); err == nil {
+		t.Error("a snapshot of the layer exists after the failed pull")
+	}
+
+	stall.Release()
+	got, err := f.svc.Pull(context.Background(), host+"/slow:v1", nil)
+	if err != nil {
+		t.Fatalf("pull after the registry recovered: %v", err)
+	}
+	if got.ID != imagetest.ConfigDigest(t, img).String() {
+		t.Errorf("pulled %s", got.ID)
+	}
+	if tree := f.tree(got); tree["big"] != "big" {
+		t.Errorf("rootfs after the second pull: %v", tree)
 	}
 }

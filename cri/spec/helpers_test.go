@@ -122,6 +122,8 @@ func baseInput(t *testing.T) Input {
 		PausePid:         100,
 		NetNSPath:        "/run/crisp/netns/p1",
 		OOMScoreAdjFloor: -1000,
+		// Set as on any kernel since 5.12; TestRecursiveReadOnlyUnsupported clears it.
+		RecursiveReadOnlyMounts: true,
 	}
 }
 

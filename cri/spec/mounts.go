@@ -56,6 +56,7 @@ type mountsInput struct {
 	privileged   bool
 	readonlyRoot bool
 	cgroupNS     bool
+	rroSupported bool
 }
 
 // buildMounts returns the container's mounts and the rootfs propagation they need:
@@ -68,7 +69,7 @@ func buildMounts(in mountsInput) ([]specs.Mount, string, error) {
 	var binds []bindMount
 	taken := map[string]bool{}
 	for _, m := range in.cfg.GetMounts() {
-		b, err := criMount(m)
+		b, err := criMount(m, in.rroSupported)
 		if err != nil {
 			return nil, "", err
 		}
@@ -143,6 +144,9 @@ func buildMounts(in mountsInput) ([]specs.Mount, string, error) {
 		}
 		switch {
 		case b.rro:
+			// libcontainer bind-mounts, then applies MOUNT_ATTR_RDONLY with
+			// AT_RECURSIVE (mount_setattr) to the mount and every submount under it;
+			// plain "ro" would leave submounts writable.
 			opts = append(opts, "rro")
 		case b.readonly:
 			opts = append(opts, "ro")
@@ -161,8 +165,9 @@ func buildMounts(in mountsInput) ([]specs.Mount, string, error) {
 // criMount validates one CRI mount. kubelet creates every volume directory itself, so a
 // host path that does not exist is an error naming it (containerd would create a
 // directory, which hides a wrong path). Symlinks in the host path are resolved, as
-// containerd does, so that the bind follows what the host path names now.
-func criMount(m *runtime.Mount) (bindMount, error) {
+// containerd does, so that the bind follows what the host path names now. rroSupported
+// says whether the kernel can make a mount read-only recursively (mount_setattr).
+func criMount(m *runtime.Mount, rroSupported bool) (bindMount, error) {
 	dst := m.GetContainerPath()
 	if !path.IsAbs(dst) {
 		return bindMount{}, invalidf("mount container_path %q must be an absolute path", dst)
@@ -193,13 +198,19 @@ func criMount(m *runtime.Mount) (bindMount, error) {
 	default:
 		return bindMount{}, invalidf("mount at %s: unknown propagation %d", dst, m.GetPropagation())
 	}
-	// cri-api: recursive_read_only needs readonly and PRIVATE propagation.
+	// cri-api: recursive_read_only needs readonly and PRIVATE propagation (a
+	// propagated submount appearing later would not get the attribute, and a shared
+	// or slave mount would carry read-only back to the host). containerd and CRI-O
+	// refuse the same combinations.
 	if m.GetRecursiveReadOnly() {
 		if !m.GetReadonly() {
-			return bindMount{}, invalidf("mount at %s: recursive_read_only needs readonly", dst)
+			return bindMount{}, invalidf("mount at %s (host path %s): recursive_read_only needs readonly: set readOnly: true on the volume mount, or drop recursiveReadOnly", dst, m.GetHostPath())
 		}
 		if m.GetPropagation() != runtime.MountPropagation_PROPAGATION_PRIVATE {
-			return bindMount{}, invalidf("mount at %s: recursive_read_only needs PRIVATE propagation, not %s", dst, m.GetPropagation())
+			return bindMount{}, invalidf("mount at %s (host path %s): recursive_read_only needs PRIVATE propagation, not %s: use mountPropagation None, or drop recursiveReadOnly", dst, m.GetHostPath(), m.GetPropagation())
+		}
+		if !rroSupported {
+			return bindMount{}, failedPreconditionf("mount at %s (host path %s): recursive_read_only needs mount_setattr (Linux 5.12 or later), which this kernel does not offer", dst, m.GetHostPath())
 		}
 	}
 	var opts []string

@@ -1,12 +1,15 @@
 package spec
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -182,7 +185,19 @@ func TestCRIMounts(t *testing.T) {
 		{
 			name:    "recursive read-only needs readonly",
 			mounts:  []*runtime.Mount{{ContainerPath: "/ro", HostPath: data, RecursiveReadOnly: true}},
-			wantErr: "recursive_read_only needs readonly",
+			wantErr: "mount at /ro (host path " + data + "): recursive_read_only needs readonly",
+		},
+		{
+			name:        "recursive read-only needs private propagation (host to container)",
+			propagation: "shared:5",
+			mounts:      []*runtime.Mount{{ContainerPath: "/ro", HostPath: data, Readonly: true, RecursiveReadOnly: true, Propagation: runtime.MountPropagation_PROPAGATION_HOST_TO_CONTAINER}},
+			wantErr:     "recursive_read_only needs PRIVATE propagation, not PROPAGATION_HOST_TO_CONTAINER",
+		},
+		{
+			name:        "recursive read-only needs private propagation (bidirectional)",
+			propagation: "shared:5",
+			mounts:      []*runtime.Mount{{ContainerPath: "/ro", HostPath: data, Readonly: true, RecursiveReadOnly: true, Propagation: runtime.MountPropagation_PROPAGATION_BIDIRECTIONAL}},
+			wantErr:     "recursive_read_only needs PRIVATE propagation, not PROPAGATION_BIDIRECTIONAL",
 		},
 		{
 			name:    "unsupported mount option",
@@ -236,6 +251,44 @@ func TestCRIMounts(t *testing.T) {
 			equal(t, "bind mounts", binds, tc.want)
 			equal(t, "rootfs propagation", res.Spec.Linux.RootfsPropagation, tc.wantRoot)
 		})
+	}
+}
+
+// TestRecursiveReadOnlyUnsupported: on a kernel without mount_setattr a
+// recursive_read_only mount is refused (FailedPrecondition, the node cannot do it),
+// while a plain read-only mount still works.
+func TestRecursiveReadOnlyUnsupported(t *testing.T) {
+	setHost(t, defaultHost())
+	data := t.TempDir()
+	in := baseInput(t)
+	in.RecursiveReadOnlyMounts = false
+	in.Config.Mounts = []*runtime.Mount{{ContainerPath: "/ro", HostPath: data, Readonly: true, RecursiveReadOnly: true}}
+	_, err := Generate(in)
+	wantErr(t, err, errdefs.IsFailedPrecondition, "recursive_read_only needs mount_setattr")
+
+	in.Config.Mounts[0].RecursiveReadOnly = false
+	res := mustGenerate(t, in)
+	for _, m := range res.Spec.Mounts {
+		if m.Destination == "/ro" && !slices.Equal(m.Options, []string{"rbind", "rprivate", "ro"}) {
+			t.Errorf("plain read-only mount options %v", m.Options)
+		}
+	}
+}
+
+// TestRecursiveReadOnlyProbe checks the probe against the running kernel's version:
+// mount_setattr arrived in Linux 5.12.
+func TestRecursiveReadOnlyProbe(t *testing.T) {
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err != nil {
+		t.Fatal(err)
+	}
+	var major, minor int
+	if _, err := fmt.Sscanf(unix.ByteSliceToString(uts.Release[:]), "%d.%d", &major, &minor); err != nil {
+		t.Fatalf("kernel release %q: %v", uts.Release, err)
+	}
+	want := major > 5 || (major == 5 && minor >= 12)
+	if got := RecursiveReadOnlySupported(); got != want {
+		t.Errorf("RecursiveReadOnlySupported() = %v on Linux %d.%d, want %v", got, major, minor, want)
 	}
 }
 

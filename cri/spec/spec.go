@@ -72,6 +72,10 @@ type Input struct {
 	// OOMScoreAdjFloor is the lowest oom_score_adj the container may get (criserver's
 	// own); lower requests are raised to it with a warning.
 	OOMScoreAdjFloor int
+	// RecursiveReadOnlyMounts says the kernel has mount_setattr (see
+	// RecursiveReadOnlySupported), which the OCI "rro" option needs. Without it a
+	// recursive_read_only mount is refused rather than silently left writable below.
+	RecursiveReadOnlyMounts bool
 }
 
 // Result is the generated spec and what the caller reports or logs about it.
@@ -174,6 +178,7 @@ func Generate(in Input) (*Result, error) {
 		privileged:   privileged,
 		readonlyRoot: sc.GetReadonlyRootfs(),
 		cgroupNS:     cgroupNS,
+		rroSupported: in.RecursiveReadOnlyMounts,
 	})
 	if err != nil {
 		return nil, err
