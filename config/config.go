@@ -35,6 +35,9 @@ type Config struct {
 	DefaultRuntimeHandler string `toml:"default_runtime_handler" comment:"handler used when a pod names none"`
 	// ShimStartTimeout bounds how long a shim may take to start and answer, in seconds.
 	ShimStartTimeoutSeconds int `toml:"shim_start_timeout_seconds" comment:"how long a shim may take to start and answer"`
+	// EventBuffer is how many container events one GetContainerEvents subscriber may
+	// have waiting before further events are dropped for it (and counted).
+	EventBuffer int `toml:"event_buffer" comment:"container events buffered per GetContainerEvents subscriber; more are dropped"`
 	// CNI configures pod networking.
 	CNI CNIConfig `toml:"cni"`
 	// Registry configures image pulls.
@@ -105,6 +108,7 @@ func Default() Config {
 		CgroupDriver:            CgroupDriverCgroupfs,
 		DefaultRuntimeHandler:   "runc",
 		ShimStartTimeoutSeconds: 30,
+		EventBuffer:             1024,
 		CNI: CNIConfig{
 			ConfDir:       "/etc/cni/net.d",
 			BinDirs:       []string{"/usr/lib/cni", "/opt/cni/bin"},
@@ -179,6 +183,9 @@ func (c Config) Validate() error {
 	}
 	if c.ShimStartTimeoutSeconds <= 0 {
 		return fmt.Errorf("shim_start_timeout_seconds must be positive, got %d", c.ShimStartTimeoutSeconds)
+	}
+	if c.EventBuffer <= 0 {
+		return fmt.Errorf("event_buffer must be positive, got %d", c.EventBuffer)
 	}
 	if len(c.Runtimes) == 0 {
 		return errors.New("no runtime handler configured: add a [runtimes.NAME] table")

@@ -232,6 +232,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 	s.mu.Lock()
 	s.containers[id] = c
 	s.mu.Unlock()
+	s.emitContainerEvent(id, p.rec.ID, runtime.ContainerEventType_CONTAINER_CREATED_EVENT)
 	return &runtime.CreateContainerResponse{ContainerId: id}, nil
 }
 
@@ -336,6 +337,8 @@ func (s *Service) StartContainer(ctx context.Context, req *runtime.StartContaine
 		c.mu.Unlock()
 		close(c.exited)
 		_ = s.store.Put(containerBucket, r.ID, r)
+		// It will never run: kubelet must see it exited like any other stop.
+		s.emitContainerEvent(r.ID, r.PodID, runtime.ContainerEventType_CONTAINER_STOPPED_EVENT)
 		return nil, toStatus(err)
 	}
 	c.mu.Lock()
@@ -345,6 +348,8 @@ func (s *Service) StartContainer(ctx context.Context, req *runtime.StartContaine
 	if err := s.store.Put(containerBucket, r.ID, r); err != nil {
 		return nil, toStatus(err)
 	}
+	// Before the monitor starts, so that STARTED always precedes STOPPED.
+	s.emitContainerEvent(r.ID, r.PodID, runtime.ContainerEventType_CONTAINER_STARTED_EVENT)
 	s.monitor(c)
 	return &runtime.StartContainerResponse{}, nil
 }
@@ -391,6 +396,9 @@ func (s *Service) monitor(c *container) {
 		c.mu.Lock()
 		r := c.rec
 		c.mu.Unlock()
+		// Before exited is closed: RemoveContainer waits for it, so STOPPED always
+		// precedes DELETED.
+		s.emitContainerEvent(r.ID, r.PodID, runtime.ContainerEventType_CONTAINER_STOPPED_EVENT)
 		close(c.exited)
 		if err := s.store.Put(containerBucket, r.ID, r); err != nil {
 			s.log.Error("record container exit", "container", r.ID, "err", err)
@@ -489,6 +497,7 @@ func (s *Service) removeContainer(ctx context.Context, c *container) error {
 	delete(s.containers, rec.ID)
 	s.mu.Unlock()
 	s.names.release(c.nameKey, rec.ID)
+	s.emitContainerEvent(rec.ID, rec.PodID, runtime.ContainerEventType_CONTAINER_DELETED_EVENT)
 	return nil
 }
 
@@ -511,6 +520,22 @@ func (s *Service) ContainerStatus(_ context.Context, req *runtime.ContainerStatu
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	st, rec := containerStatus(c)
+	resp := &runtime.ContainerStatusResponse{Status: st}
+	if req.GetVerbose() {
+		info := map[string]any{"sandboxID": rec.PodID, "pid": rec.Pid, "user": rec.User, "stopSignal": rec.StopSignal}
+		if data, err := os.ReadFile(filepath.Join(s.cfg.StateDir, "containers", rec.ID, "config.json")); err == nil {
+			info["runtimeSpec"] = json.RawMessage(data)
+		}
+		data, _ := json.Marshal(info)
+		resp.Info = map[string]string{"info": string(data)}
+	}
+	return resp, nil
+}
+
+// containerStatus is a container's CRI status, as ContainerStatus and the container
+// events report it, and the record it was built from.
+func containerStatus(c *container) (*runtime.ContainerStatus, containerRecord) {
 	rec := c.snapshot()
 	cfg := c.config
 	st := &runtime.ContainerStatus{
@@ -544,16 +569,7 @@ func (s *Service) ContainerStatus(_ context.Context, req *runtime.ContainerStatu
 	if res != nil {
 		st.Resources = &runtime.ContainerResources{Linux: res}
 	}
-	resp := &runtime.ContainerStatusResponse{Status: st}
-	if req.GetVerbose() {
-		info := map[string]any{"sandboxID": rec.PodID, "pid": rec.Pid, "user": rec.User, "stopSignal": rec.StopSignal}
-		if data, err := os.ReadFile(filepath.Join(s.cfg.StateDir, "containers", rec.ID, "config.json")); err == nil {
-			info["runtimeSpec"] = json.RawMessage(data)
-		}
-		data, _ := json.Marshal(info)
-		resp.Info = map[string]string{"info": string(data)}
-	}
-	return resp, nil
+	return st, rec
 }
 
 func toInt64s(in []uint32) []int64 {
@@ -578,7 +594,12 @@ func criState(s string) runtime.ContainerState {
 
 // ListContainers lists containers matching the filter: id or prefix, state, pod, labels.
 func (s *Service) ListContainers(_ context.Context, req *runtime.ListContainersRequest) (*runtime.ListContainersResponse, error) {
-	f := req.GetFilter()
+	return &runtime.ListContainersResponse{Containers: s.listContainers(req.GetFilter())}, nil
+}
+
+// listContainers is the one filter ListContainers and StreamContainers share, oldest
+// container first.
+func (s *Service) listContainers(f *runtime.ContainerFilter) []*runtime.Container {
 	s.mu.RLock()
 	list := make([]*container, 0, len(s.containers))
 	for id, c := range s.containers {
@@ -588,7 +609,7 @@ func (s *Service) ListContainers(_ context.Context, req *runtime.ListContainersR
 		list = append(list, c)
 	}
 	s.mu.RUnlock()
-	resp := &runtime.ListContainersResponse{}
+	out := make([]*runtime.Container, 0, len(list))
 	for _, c := range list {
 		rec := c.snapshot()
 		if f.GetPodSandboxId() != "" && !strings.HasPrefix(rec.PodID, f.GetPodSandboxId()) {
@@ -601,15 +622,15 @@ func (s *Service) ListContainers(_ context.Context, req *runtime.ListContainersR
 		if !labelsMatch(c.config.GetLabels(), f.GetLabelSelector()) {
 			continue
 		}
-		resp.Containers = append(resp.Containers, &runtime.Container{
+		out = append(out, &runtime.Container{
 			Id: rec.ID, PodSandboxId: rec.PodID, Metadata: c.config.GetMetadata(),
 			Image:    &runtime.ImageSpec{Image: rec.ImageID, UserSpecifiedImage: userImage(c.config.GetImage())},
 			ImageRef: rec.ImageRef, ImageId: rec.ImageID, State: state, CreatedAt: rec.CreatedAt,
 			Labels: c.config.GetLabels(), Annotations: c.config.GetAnnotations(),
 		})
 	}
-	sort.Slice(resp.Containers, func(i, j int) bool { return resp.Containers[i].CreatedAt < resp.Containers[j].CreatedAt })
-	return resp, nil
+	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt < out[j].CreatedAt })
+	return out
 }
 
 // UpdateContainerResources applies new resources to a running container and keeps

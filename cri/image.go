@@ -33,20 +33,51 @@ func (s *Service) PullImage(ctx context.Context, req *runtime.PullImageRequest) 
 			RegistryToken: a.GetRegistryToken(),
 		}
 	}
+	start := time.Now()
 	img, err := s.images.Pull(ctx, ref, auth)
 	if err != nil {
-		return nil, toStatus(fmt.Errorf("pull image %q: %w", ref, err))
+		return nil, toStatus(s.pullError(ctx, ref, start, err))
 	}
 	return &runtime.PullImageResponse{ImageRef: img.ID}, nil
 }
 
+// deadlineSlack is how close to its deadline a cancelled call counts as having run
+// out of time: the client's deadline timer fires a moment before the server's, so
+// the server usually learns of an expired deadline as a cancellation (RST_STREAM).
+const deadlineSlack = 100 * time.Millisecond
+
+// pullError describes a failed pull. A pull the caller gave up on is reported as
+// DeadlineExceeded or Canceled, saying the download was abandoned (the image store
+// keeps nothing of it, so a retry starts clean); the detail goes to the log.
+func (s *Service) pullError(ctx context.Context, ref string, start time.Time, err error) error {
+	if ctx.Err() == nil {
+		return fmt.Errorf("pull image %q: %w", ref, err)
+	}
+	took := time.Since(start).Round(time.Millisecond)
+	kind, why := context.Canceled, "the caller cancelled it"
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < deadlineSlack {
+		kind, why = context.DeadlineExceeded, "the caller's deadline passed"
+	}
+	s.log.Info("pull abandoned", "ref", ref, "after", took, "reason", why, "err", err)
+	return fmt.Errorf("pull image %q: %s after %v; the download was stopped and nothing of it kept, retry with a longer deadline: %w", ref, why, took, kind)
+}
+
 // ListImages lists images, or only the one the filter names.
 func (s *Service) ListImages(_ context.Context, req *runtime.ListImagesRequest) (*runtime.ListImagesResponse, error) {
+	imgs, err := s.listImages(req.GetFilter())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &runtime.ListImagesResponse{Images: imgs}, nil
+}
+
+// listImages is the one filter ListImages and StreamImages share.
+func (s *Service) listImages(f *runtime.ImageFilter) ([]*runtime.Image, error) {
 	var imgs []*image.Image
-	if ref := req.GetFilter().GetImage().GetImage(); ref != "" {
+	if ref := f.GetImage().GetImage(); ref != "" {
 		img, err := s.images.Get(ref)
 		if err != nil && !errdefs.IsNotFound(err) {
-			return nil, toStatus(err)
+			return nil, fmt.Errorf("look up image %q: %w", ref, err)
 		}
 		if img != nil {
 			imgs = append(imgs, img)
@@ -54,11 +85,11 @@ func (s *Service) ListImages(_ context.Context, req *runtime.ListImagesRequest) 
 	} else {
 		imgs = s.images.List()
 	}
-	resp := &runtime.ListImagesResponse{}
+	out := make([]*runtime.Image, 0, len(imgs))
 	for _, img := range imgs {
-		resp.Images = append(resp.Images, s.criImage(img))
+		out = append(out, s.criImage(img))
 	}
-	return resp, nil
+	return out, nil
 }
 
 // ImageStatus describes one image; an unknown image is an empty answer, not an error,

@@ -169,6 +169,10 @@ func (s *Service) RunPodSandbox(ctx context.Context, req *runtime.RunPodSandboxR
 	s.mu.Lock()
 	s.pods[id] = p
 	s.mu.Unlock()
+	// As containerd does: the sandbox reports itself as a container (id = pod id),
+	// created and started, for kubelet's evented PLEG.
+	s.emitPodEvent(p, runtime.ContainerEventType_CONTAINER_CREATED_EVENT)
+	s.emitPodEvent(p, runtime.ContainerEventType_CONTAINER_STARTED_EVENT)
 	log.Info("pod sandbox ready", "ip", st.IP, "duration", time.Since(start))
 	return &runtime.RunPodSandboxResponse{PodSandboxId: id}, nil
 }
@@ -204,6 +208,9 @@ func (s *Service) StopPodSandbox(ctx context.Context, req *runtime.StopPodSandbo
 		return nil, toStatus(fmt.Errorf("stop pod sandbox %s: %w", p.rec.ID, err))
 	}
 	s.unmountShm(p.rec.ID)
+	if s.evs.markStopped(p.rec.ID) {
+		s.emitPodEvent(p, runtime.ContainerEventType_CONTAINER_STOPPED_EVENT)
+	}
 	return &runtime.StopPodSandboxResponse{}, nil
 }
 
@@ -226,6 +233,9 @@ func (s *Service) RemovePodSandbox(ctx context.Context, req *runtime.RemovePodSa
 	if err := s.ctrl.Remove(ctx, id); err != nil {
 		return nil, toStatus(fmt.Errorf("remove pod sandbox %s: %w", id, err))
 	}
+	// The statuses the events carry are taken while the pod still exists: kubelet
+	// needs the pod's metadata even in the DELETED event.
+	evState := s.podEventStatus(p)
 	s.unmountShm(id)
 	if err := os.RemoveAll(s.podStateDir(id)); err != nil {
 		return nil, toStatus(fmt.Errorf("remove state of pod %s: %w", id, err))
@@ -240,6 +250,11 @@ func (s *Service) RemovePodSandbox(ctx context.Context, req *runtime.RemovePodSa
 	delete(s.pods, id)
 	s.mu.Unlock()
 	s.names.release(p.nameKey, id)
+	if s.evs.markStopped(id) {
+		s.publishEvent(id, runtime.ContainerEventType_CONTAINER_STOPPED_EVENT, evState)
+	}
+	s.publishEvent(id, runtime.ContainerEventType_CONTAINER_DELETED_EVENT, evState)
+	s.evs.forget(id)
 	s.log.Info("pod sandbox removed", "pod", id)
 	return &runtime.RemovePodSandboxResponse{}, nil
 }
@@ -258,6 +273,11 @@ func (s *Service) PodSandboxStatus(ctx context.Context, req *runtime.PodSandboxS
 			"config":         json.RawMessage(p.rec.Config),
 			"podDir":         s.podDir(p.rec.ID),
 		}
+		s.mu.RLock()
+		if rec := p.rec; len(rec.Overhead) > 0 || len(rec.Resources) > 0 {
+			info["overhead"], info["resources"] = rawOrNil(rec.Overhead), rawOrNil(rec.Resources)
+		}
+		s.mu.RUnlock()
 		if st != nil {
 			info["pid"] = st.Pid
 			info["shimPid"] = st.ShimPid
@@ -314,7 +334,12 @@ func (s *Service) podStatus(p *pod, st *controller.Status) *runtime.PodSandboxSt
 
 // ListPodSandbox lists pods matching the filter: id (or unique prefix), state, labels.
 func (s *Service) ListPodSandbox(_ context.Context, req *runtime.ListPodSandboxRequest) (*runtime.ListPodSandboxResponse, error) {
-	f := req.GetFilter()
+	return &runtime.ListPodSandboxResponse{Items: s.listPodSandboxes(req.GetFilter())}, nil
+}
+
+// listPodSandboxes is the one filter ListPodSandbox and StreamPodSandboxes share,
+// oldest pod first.
+func (s *Service) listPodSandboxes(f *runtime.PodSandboxFilter) []*runtime.PodSandbox {
 	s.mu.RLock()
 	pods := make([]*pod, 0, len(s.pods))
 	for id, p := range s.pods {
@@ -325,7 +350,7 @@ func (s *Service) ListPodSandbox(_ context.Context, req *runtime.ListPodSandboxR
 	}
 	s.mu.RUnlock()
 	sort.Slice(pods, func(i, j int) bool { return pods[i].rec.CreatedAt < pods[j].rec.CreatedAt })
-	resp := &runtime.ListPodSandboxResponse{Items: make([]*runtime.PodSandbox, 0, len(pods))}
+	items := make([]*runtime.PodSandbox, 0, len(pods))
 	for _, p := range pods {
 		// Only the state: kubelet lists every second, and building each pod's full
 		// status here showed up in the List latency.
@@ -339,7 +364,7 @@ func (s *Service) ListPodSandbox(_ context.Context, req *runtime.ListPodSandboxR
 		if !labelsMatch(p.config.GetLabels(), f.GetLabelSelector()) {
 			continue
 		}
-		resp.Items = append(resp.Items, &runtime.PodSandbox{
+		items = append(items, &runtime.PodSandbox{
 			Id:             p.rec.ID,
 			Metadata:       p.config.GetMetadata(),
 			State:          state,
@@ -349,7 +374,7 @@ func (s *Service) ListPodSandbox(_ context.Context, req *runtime.ListPodSandboxR
 			RuntimeHandler: p.rec.Handler,
 		})
 	}
-	return resp, nil
+	return items
 }
 
 func labelsMatch(labels, selector map[string]string) bool {
@@ -359,4 +384,12 @@ func labelsMatch(labels, selector map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// rawOrNil keeps an absent JSON value null in verbose info instead of invalid JSON.
+func rawOrNil(b json.RawMessage) any {
+	if len(b) == 0 {
+		return nil
+	}
+	return b
 }

@@ -39,6 +39,8 @@ type Service struct {
 	names  *nameIndex
 	// stream hands out streaming URLs; nil until SetStreamServer.
 	stream URLServer
+	// evs fans container and pod lifecycle events out to GetContainerEvents.
+	evs eventHub
 	// rroSupported: the kernel has mount_setattr, so recursive_read_only mounts work
 	// (probed once in New; Status advertises it per runtime handler).
 	rroSupported bool
@@ -61,6 +63,10 @@ type podRecord struct {
 	Handler   string          `json:"handler"`
 	CreatedAt int64           `json:"created_at"`
 	Config    json.RawMessage `json:"config"`
+	// Overhead and Resources are the pod-level values of UpdatePodSandboxResources
+	// (protojson of LinuxContainerResources).
+	Overhead  json.RawMessage `json:"overhead,omitempty"`
+	Resources json.RawMessage `json:"resources,omitempty"`
 }
 
 // New returns the CRI service over a controller.

@@ -144,6 +144,8 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	case <-ctx.Done():
 	}
 	log.Info("shutting down; pods keep running")
+	// Event streams never end on their own: end them so GracefulStop need not wait.
+	svc.CloseEvents()
 	stopped := make(chan struct{})
 	go func() { srv.GracefulStop(); close(stopped) }()
 	select {

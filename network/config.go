@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"sort"
@@ -43,6 +42,9 @@ type Config struct {
 	DefaultBridge string // "crisp0"
 	DefaultSubnet string // e.g. "10.88.0.0/16"
 	IPAMDataDir   string // host-local dataDir for the default config (e.g. /var/lib/crisp/cni/networks)
+	// PodCIDRFile keeps the pod CIDR kubelet set with UpdateRuntimeConfig; when it
+	// exists it wins over DefaultSubnet. Default: pod-cidr next to CacheDir.
+	PodCIDRFile string
 }
 
 func (c Config) withDefaults() Config {
@@ -64,6 +66,9 @@ func (c Config) withDefaults() Config {
 	if c.IPAMDataDir == "" {
 		c.IPAMDataDir = DefaultIPAMDataDir
 	}
+	if c.PodCIDRFile == "" {
+		c.PodCIDRFile = filepath.Join(filepath.Dir(c.CacheDir), "pod-cidr")
+	}
 	return c
 }
 
@@ -74,15 +79,23 @@ func defaultConfList(c Config) ([]byte, error) {
 	if len(c.DefaultBridge) > 15 || strings.ContainsAny(c.DefaultBridge, "/ ") {
 		return nil, fmt.Errorf("default bridge name %q: must be at most 15 characters without '/' or spaces", c.DefaultBridge)
 	}
-	ip, subnet, err := net.ParseCIDR(c.DefaultSubnet)
+	subnets, err := ParsePodCIDRs(c.DefaultSubnet)
 	if err != nil {
 		return nil, fmt.Errorf("default subnet: %w", err)
 	}
-	defRoute := "0.0.0.0/0"
-	if ip.To4() == nil {
-		defRoute = "::/0"
-	}
 	type obj = map[string]any
+	// One range set per family (host-local gives the pod one address of each) and a
+	// default route per family.
+	var ranges [][]obj
+	var routes []obj
+	for _, n := range subnets {
+		ranges = append(ranges, []obj{{"subnet": n.String()}})
+		dst := "0.0.0.0/0"
+		if n.IP.To4() == nil {
+			dst = "::/0"
+		}
+		routes = append(routes, obj{"dst": dst})
+	}
 	conf := obj{
 		"cniVersion": "1.0.0",
 		"name":       DefaultNetworkName,
@@ -95,8 +108,8 @@ func defaultConfList(c Config) ([]byte, error) {
 				"hairpinMode": true,
 				"ipam": obj{
 					"type":    "host-local",
-					"ranges":  [][]obj{{{"subnet": subnet.String()}}},
-					"routes":  []obj{{"dst": defRoute}},
+					"ranges":  ranges,
+					"routes":  routes,
 					"dataDir": c.IPAMDataDir,
 				},
 			},
@@ -135,30 +148,7 @@ func writeDefault(c Config) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if err := os.MkdirAll(c.ConfDir, 0o755); err != nil {
-		return false, fmt.Errorf("create CNI config dir: %w", err)
-	}
-	// Temp file and rename so that nobody (kubelet, another runtime, our own reload)
-	// ever reads half a config. Its name has no config extension so it is never chosen.
-	tmp, err := os.CreateTemp(c.ConfDir, "."+DefaultConfName+".*.tmp")
-	if err != nil {
-		return false, fmt.Errorf("write default CNI config: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	_, err = tmp.Write(data)
-	if err == nil {
-		err = tmp.Chmod(0o644)
-	}
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), filepath.Join(c.ConfDir, DefaultConfName))
-	}
-	if err != nil {
+	if err := writeFileAtomic(filepath.Join(c.ConfDir, DefaultConfName), data); err != nil {
 		return false, fmt.Errorf("write default CNI config: %w", err)
 	}
 	return true, nil

@@ -78,13 +78,14 @@ func New(cfg Config, log *slog.Logger) (*Manager, error) {
 		log = slog.Default()
 	}
 	cfg = cfg.withDefaults()
-	wrote, err := writeDefault(cfg)
+	// The pod CIDR kubelet gave before a restart stays in force until it gives another.
+	podCIDR, err := readPodCIDR(cfg.PodCIDRFile)
 	if err != nil {
-		return nil, err
+		log.Warn("ignoring the kept pod CIDR: using the configured default subnet", "err", err, "subnet", cfg.DefaultSubnet)
 	}
-	if wrote {
-		log.Info("wrote default CNI network config", "file", filepath.Join(cfg.ConfDir, DefaultConfName),
-			"bridge", cfg.DefaultBridge, "subnet", cfg.DefaultSubnet)
+	configured := cfg.DefaultSubnet
+	if podCIDR != "" {
+		cfg.DefaultSubnet = podCIDR
 	}
 	// An explicit exec: libcni would otherwise create one lazily, racing between
 	// concurrent Setup calls.
@@ -99,8 +100,11 @@ func New(cfg Config, log *slog.Logger) (*Manager, error) {
 		uncached: libcni.NewCNIConfigWithCacheDir(cfg.BinDirs, filepath.Join(cfg.CacheDir, "none"), exec),
 	}
 	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, err := m.applyDefaultLocked(configured); err != nil {
+		return nil, err
+	}
 	m.reloadLocked()
-	m.mu.Unlock()
 	return m, nil
 }
 
