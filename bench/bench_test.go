@@ -28,6 +28,7 @@ var (
 	cycles     = flag.Int("cycles", 50, "sequential pod cycles timed per runtime")
 	churnFor   = flag.Duration("churn", 60*time.Second, "how long the 10-client churn runs per runtime")
 	only       = flag.String("only", "", "run one runtime only (crisp or containerd)")
+	hold       = flag.Duration("hold", 0, "keep the 20 memory pods this long after measuring them (to profile them by hand)")
 )
 
 // benchRoot holds every runtime's files; short, because shim socket paths grow under it.
@@ -241,6 +242,13 @@ func runOne(ctx context.Context, t *testing.T, start func(context.Context, Spec)
 	perPod, shim, pause = perPod.Div(n*1024), shim.Div(n*1024), pause.Div(n*1024)
 	res["pod_pss"], res["pod_uss"], res["pod_rss"] = perPod.PSS, perPod.USS, perPod.RSS
 	res["shim_pss"], res["shim_uss"], res["pause_pss"] = shim.PSS, shim.USS, pause.PSS
+	if *hold > 0 {
+		step(fmt.Sprintf("holding the 20 pods for %v", *hold))
+		select {
+		case <-ctx.Done():
+		case <-time.After(*hold):
+		}
+	}
 	dm, err := ReadMem(d.Pid())
 	if err != nil {
 		return res, version, err

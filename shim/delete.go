@@ -10,7 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	taskapi "github.com/containerd/containerd/api/runtime/task/v3"
+	taskapi "github.com/crisp-runtime/crisp/api/containerd/task/v3"
 	"github.com/crisp-runtime/crisp/shim/sandbox"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"

@@ -13,8 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	sandboxapi "github.com/containerd/containerd/api/runtime/sandbox/v1"
 	"github.com/containerd/ttrpc"
+	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
 	"github.com/crisp-runtime/crisp/shim/reaper"
 	"github.com/crisp-runtime/crisp/shim/sandbox"
 	"github.com/crisp-runtime/crisp/shim/task"

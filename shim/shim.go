@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 
-	"github.com/containerd/containerd/api/types"
+	"github.com/crisp-runtime/crisp/api/containerd/types"
 	"github.com/crisp-runtime/crisp/version"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"

@@ -10,8 +10,8 @@ import (
 	"sync"
 	"time"
 
-	sandboxapi "github.com/containerd/containerd/api/runtime/sandbox/v1"
-	"github.com/containerd/containerd/api/types"
+	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
+	"github.com/crisp-runtime/crisp/api/containerd/types"
 	"github.com/crisp-runtime/crisp/proc"
 	"github.com/crisp-runtime/crisp/shim/pause"
 	"github.com/opencontainers/cgroups"
@@ -391,10 +391,10 @@ func (s *Service) SandboxStatus(ctx context.Context, req *sandboxapi.SandboxStat
 		resp.Info["pause_start_time"] = strconv.FormatUint(sb.state.PauseStartTime, 10)
 		// For operators and leak tests: a shim's goroutines and heap should return to
 		// their idle level once its streams and execs are gone.
-		var ms runtime.MemStats
-		runtime.ReadMemStats(&ms)
 		resp.Info["goroutines"] = strconv.Itoa(runtime.NumGoroutine())
-		resp.Info["go_heap_inuse_bytes"] = strconv.FormatUint(ms.HeapInuse, 10)
+		for k, v := range goMemory() {
+			resp.Info[k] = v
+		}
 	}
 	return resp, nil
 }

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	taskapi "github.com/containerd/containerd/api/runtime/task/v3"
-	tasktypes "github.com/containerd/containerd/api/types/task"
+	taskapi "github.com/crisp-runtime/crisp/api/containerd/task/v3"
+	tasktypes "github.com/crisp-runtime/crisp/api/containerd/types/task"
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"

@@ -17,8 +17,8 @@ import (
 	"time"
 
 	bootstrap "github.com/containerd/containerd/api/runtime/bootstrap/v1"
-	sandboxapi "github.com/containerd/containerd/api/runtime/sandbox/v1"
 	"github.com/containerd/ttrpc"
+	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/shim/sandbox"
 	"golang.org/x/sys/unix"

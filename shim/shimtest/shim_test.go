@@ -15,10 +15,10 @@ import (
 	"time"
 
 	bootstrap "github.com/containerd/containerd/api/runtime/bootstrap/v1"
-	sandboxapi "github.com/containerd/containerd/api/runtime/sandbox/v1"
-	taskapi "github.com/containerd/containerd/api/runtime/task/v3"
-	"github.com/containerd/containerd/api/types"
 	"github.com/containerd/containerd/api/types/runc/options"
+	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
+	taskapi "github.com/crisp-runtime/crisp/api/containerd/task/v3"
+	"github.com/crisp-runtime/crisp/api/containerd/types"
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/shim/sandbox"
 	"github.com/crisp-runtime/crisp/version"

@@ -16,9 +16,9 @@ import (
 	"testing"
 	"time"
 
-	sandboxapi "github.com/containerd/containerd/api/runtime/sandbox/v1"
-	taskapi "github.com/containerd/containerd/api/runtime/task/v3"
-	"github.com/containerd/containerd/api/types"
+	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
+	taskapi "github.com/crisp-runtime/crisp/api/containerd/task/v3"
+	"github.com/crisp-runtime/crisp/api/containerd/types"
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/api/shimapi"
 	"github.com/crisp-runtime/crisp/mount"

@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"time"
 
-	taskapi "github.com/containerd/containerd/api/types/task"
+	taskapi "github.com/crisp-runtime/crisp/api/containerd/types/task"
 	"github.com/crisp-runtime/crisp/mount"
 	"github.com/crisp-runtime/crisp/shim/crilog"
 	"github.com/opencontainers/runc/libcontainer"

@@ -8,7 +8,7 @@ import (
 	"syscall"
 	"time"
 
-	taskapi "github.com/containerd/containerd/api/types/task"
+	taskapi "github.com/crisp-runtime/crisp/api/containerd/types/task"
 	"github.com/opencontainers/runc/libcontainer"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"

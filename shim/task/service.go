@@ -13,9 +13,9 @@ import (
 	"syscall"
 	"time"
 
-	taskv3 "github.com/containerd/containerd/api/runtime/task/v3"
-	taskapi "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/ttrpc"
+	taskv3 "github.com/crisp-runtime/crisp/api/containerd/task/v3"
+	taskapi "github.com/crisp-runtime/crisp/api/containerd/types/task"
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/api/shimapi"
 	"github.com/crisp-runtime/crisp/mount"

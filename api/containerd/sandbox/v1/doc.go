@@ -1,0 +1,2 @@
+// Package sandbox is a copy of containerd's generated code; see package containerd.
+package sandbox

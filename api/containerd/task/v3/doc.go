@@ -1,0 +1,2 @@
+// Package task is a copy of containerd's generated code; see package containerd.
+package task

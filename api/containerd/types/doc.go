@@ -1,0 +1,2 @@
+// Package types is a copy of containerd's generated code; see package containerd.
+package types

@@ -1,0 +1,39 @@
+package main
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestLeanImportGraph keeps what every per-pod shim process pays for out of its binary:
+// each of these was measured to cost private memory per pod (package init, memory
+// profiling the linker can only switch off without runtime/pprof) or binary pages.
+func TestLeanImportGraph(t *testing.T) {
+	out, err := exec.Command("go", "list", "-tags", "seccomp", "-deps", ".").Output()
+	if err != nil {
+		t.Skipf("go list: %v", err)
+	}
+	deps := map[string]bool{}
+	for _, p := range strings.Fields(string(out)) {
+		deps[p] = true
+	}
+	if !deps["github.com/containerd/ttrpc"] {
+		t.Fatalf("go list -deps did not list ttrpc; output:\n%s", out)
+	}
+	for _, banned := range []string{
+		"google.golang.org/grpc",
+		"runtime/pprof",
+		"net/http",
+		"github.com/containerd/containerd/api/runtime/task/v3",
+		"github.com/containerd/containerd/api/runtime/sandbox/v1",
+		"github.com/containerd/containerd/api/types",
+		"github.com/opencontainers/go-digest",
+		"google.golang.org/protobuf/types/descriptorpb",
+		"k8s.io/cri-api/pkg/apis/runtime/v1",
+	} {
+		if deps[banned] {
+			t.Errorf("shim-runc links %s", banned)
+		}
+	}
+}
