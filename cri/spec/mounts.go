@@ -198,9 +198,9 @@ func criMount(m *runtime.Mount, rroSupported bool) (bindMount, error) {
 	default:
 		return bindMount{}, invalidf("mount at %s: unknown propagation %d", dst, m.GetPropagation())
 	}
-	// cri-api: recursive_read_only needs readonly and PRIVATE propagation (a
-	// propagated submount appearing later would not get the attribute, and a shared
-	// or slave mount would carry read-only back to the host). containerd and CRI-O
+	// cri-api: recursive_read_only needs readonly and PRIVATE propagation:
+	// mount_setattr changes only the mounts present when it runs, so a submount that
+	// propagated in later (rslave, rshared) would be writable. containerd and CRI-O
 	// refuse the same combinations.
 	if m.GetRecursiveReadOnly() {
 		if !m.GetReadonly() {
