@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/crisp-runtime/crisp/shim/cgstats"
 	"github.com/opencontainers/cgroups"
 	// Registers the device-rule backend that the v1 devices controller needs.
 	_ "github.com/opencontainers/cgroups/devices"
@@ -30,9 +31,14 @@ type CgroupConfig struct {
 	// Slice and Name make up the systemd scope <ScopePrefix>-<Name>.scope in Slice.
 	Slice string `json:"slice,omitempty"`
 	Name  string `json:"name,omitempty"`
+	// Parent is the cgroup_parent the pod was given ("" when it got the default). Kubelet
+	// gives every pod a cgroup of its own there, holding the pause cgroup and every
+	// container's, so it is what SandboxMetrics reports.
+	Parent string `json:"parent,omitempty"`
 }
 
 func cgroupConfig(id, parent string, systemd bool) (CgroupConfig, error) {
+	given := parent
 	if systemd {
 		if parent == "" {
 			parent = defaultSystemdSlice
@@ -40,7 +46,7 @@ func cgroupConfig(id, parent string, systemd bool) (CgroupConfig, error) {
 		if !sliceRE.MatchString(parent) {
 			return CgroupConfig{}, invalid("cgroup_parent %q: the systemd driver wants a slice name like system.slice", parent)
 		}
-		return CgroupConfig{Driver: DriverSystemd, Slice: parent, Name: id}, nil
+		return CgroupConfig{Driver: DriverSystemd, Slice: parent, Name: id, Parent: given}, nil
 	}
 	if parent == "" {
 		parent = defaultCgroupParent
@@ -48,7 +54,7 @@ func cgroupConfig(id, parent string, systemd bool) (CgroupConfig, error) {
 	if !strings.HasPrefix(parent, "/") || path.Clean(parent) != parent || strings.Contains(parent, "..") {
 		return CgroupConfig{}, invalid("cgroup_parent %q: the cgroupfs driver wants an absolute, clean path", parent)
 	}
-	return CgroupConfig{Driver: DriverCgroupfs, Path: path.Join(parent, cgroupPrefix+"-"+id)}, nil
+	return CgroupConfig{Driver: DriverCgroupfs, Path: path.Join(parent, cgroupPrefix+"-"+id), Parent: given}, nil
 }
 
 // String is the cgroup as reported in SandboxStatus info: the cgroupfs path, or the
@@ -58,6 +64,18 @@ func (c CgroupConfig) String() string {
 		return c.Slice + ":" + cgroupPrefix + ":" + c.Name
 	}
 	return c.Path
+}
+
+// metricsPath is the cgroup SandboxMetrics reports, below the hierarchy roots: the
+// pod's own cgroup_parent when it was given one (kubelet's pod cgroup: pause and
+// containers), else the pause process's cgroup alone (the default parent is shared by
+// every pod, so it says nothing about this one).
+func (c CgroupConfig) metricsPath() (string, error) {
+	systemd := c.Driver == DriverSystemd
+	if c.Parent != "" {
+		return cgstats.RelPath(systemd, c.Parent, c.Parent, "", "")
+	}
+	return cgstats.RelPath(systemd, c.Path, c.Slice, cgroupPrefix, c.Name)
 }
 
 func (c CgroupConfig) manager() (cgroups.Manager, error) {

@@ -13,6 +13,7 @@ import (
 	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
 	"github.com/crisp-runtime/crisp/api/containerd/types"
 	"github.com/crisp-runtime/crisp/proc"
+	"github.com/crisp-runtime/crisp/shim/cgstats"
 	"github.com/crisp-runtime/crisp/shim/pause"
 	"github.com/opencontainers/cgroups"
 	"google.golang.org/grpc/codes"
@@ -68,6 +69,9 @@ type sandbox struct {
 	cg      cgroups.Manager
 	pause   *pause.Process
 	stopped bool
+	// metrics is the cgroup SandboxMetrics reads, loaded on its first call; guarded
+	// by Service.mu.
+	metrics *cgstats.Cgroup
 
 	finishOnce sync.Once
 	done       chan struct{} // closed once the sandbox has exited (or stopped unstarted)
@@ -438,11 +442,6 @@ func (s *Service) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	return s.stop(ctx, sb, 0)
-}
-
-// SandboxMetrics is not implemented yet.
-func (s *Service) SandboxMetrics(ctx context.Context, req *sandboxapi.SandboxMetricsRequest) (*sandboxapi.SandboxMetricsResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "SandboxMetrics is not implemented by crisp-shim-runc")
 }
 
 // UpdateSandbox is not implemented yet.

@@ -514,10 +514,6 @@ func TestCreateSandboxRejectsBadOptions(t *testing.T) {
 		t.Errorf("second create = %v, want AlreadyExists", err)
 	}
 	for name, call := range map[string]func() error{
-		"SandboxMetrics": func() error {
-			_, err := s.sb.SandboxMetrics(ctx, &sandboxapi.SandboxMetricsRequest{SandboxID: s.id})
-			return err
-		},
 		"UpdateSandbox": func() error {
 			_, err := s.sb.UpdateSandbox(ctx, &sandboxapi.UpdateSandboxRequest{SandboxID: s.id})
 			return err

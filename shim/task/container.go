@@ -11,6 +11,7 @@ import (
 
 	taskapi "github.com/crisp-runtime/crisp/api/containerd/types/task"
 	"github.com/crisp-runtime/crisp/mount"
+	"github.com/crisp-runtime/crisp/shim/cgstats"
 	"github.com/crisp-runtime/crisp/shim/crilog"
 	"github.com/opencontainers/runc/libcontainer"
 	"golang.org/x/sys/unix"
@@ -43,9 +44,12 @@ type container struct {
 	// update, delete); status, wait and kill never wait for it.
 	opMu sync.Mutex
 
-	mu      sync.Mutex // guards execs and deleted
+	mu      sync.Mutex // guards execs, deleted and cg
 	execs   map[string]*process
 	deleted bool
+	// cg is the container's cgroup for Stats, loaded on the first call (loading probes
+	// every hierarchy; a shim nobody asks for stats never pays for it).
+	cg *cgstats.Cgroup
 }
 
 // process returns the init ("") or an exec.

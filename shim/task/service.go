@@ -865,11 +865,6 @@ func (s *Service) Shutdown(ctx context.Context, req *taskv3.ShutdownRequest) (*e
 	return &emptypb.Empty{}, nil
 }
 
-// Stats is not implemented yet.
-func (s *Service) Stats(ctx context.Context, req *taskv3.StatsRequest) (*taskv3.StatsResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "Stats is not implemented by crisp-shim-runc")
-}
-
 // Pause is not implemented yet.
 func (s *Service) Pause(ctx context.Context, req *taskv3.PauseRequest) (*emptypb.Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "Pause is not implemented by crisp-shim-runc")
