@@ -616,6 +616,17 @@ func (s *Service) PrepareRootfs(key string, img *Image) ([]snapshot.Mount, error
 // RemoveRootfs removes the writable snapshot key; unknown keys are not an error.
 func (s *Service) RemoveRootfs(key string) error { return s.snaps.RemoveActive(key) }
 
+// RootfsUsage reports what a container wrote into its writable snapshot key (bytes and
+// inodes of the upper dir) and the mount point of the filesystem holding it, the one
+// ImageFsInfo reports. The walk is costly: callers cache it.
+func (s *Service) RootfsUsage(key string) (mountpoint string, bytes, inodes int64, err error) {
+	bytes, inodes, err = s.snaps.ActiveUsage(key)
+	if err != nil {
+		return "", 0, 0, err
+	}
+	return mountPointOf(s.cfg.Root), bytes, inodes, nil
+}
+
 // mountPointOf returns the mount point of the filesystem holding path.
 func mountPointOf(path string) string {
 	data, err := os.ReadFile("/proc/self/mountinfo")

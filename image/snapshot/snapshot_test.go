@@ -708,6 +708,17 @@ func TestUsage(t *testing.T) {
 	if bytes1 < bytes0+256<<10 || inodes1 != inodes0+2 {
 		t.Errorf("after writing 256 KiB into a container: %d bytes, %d inodes; want >= %d, %d (upper root + file)", bytes1, inodes1, bytes0+256<<10, inodes0+2)
 	}
+	// The container's own share: only its upper dir, none of the image's layers.
+	cb, ci, err := f.s.ActiveUsage("ctr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cb < 256<<10 || cb > 256<<10+64<<10 || ci != 2 {
+		t.Errorf("ActiveUsage = %d bytes, %d inodes; want ~256 KiB and 2 (upper root + file)", cb, ci)
+	}
+	if _, _, err := f.s.ActiveUsage("nope"); !errdefs.IsNotFound(err) {
+		t.Errorf("ActiveUsage of unknown key = %v, want NotFound", err)
+	}
 }
 
 func TestManyLayers(t *testing.T) {

@@ -574,6 +574,20 @@ func (s *Snapshotter) Usage() (bytes, inodes int64, err error) {
 	return bytes, inodes, nil
 }
 
+// ActiveUsage returns the disk space and inodes written into the writable snapshot key
+// (its upper dir: what the container added or changed, not the image's layers). It
+// walks the directory, so callers cache the answer. errdefs.ErrNotFound when absent.
+func (s *Snapshotter) ActiveUsage(key string) (bytes, inodes int64, err error) {
+	s.mu.Lock()
+	var rec activeRecord
+	err = s.get(activeBucket, key, &rec)
+	s.mu.Unlock()
+	if err != nil {
+		return 0, 0, fmt.Errorf("usage of snapshot %s: %w", key, err)
+	}
+	return diskUsage(filepath.Join(s.dir(rec.ID), "fs"))
+}
+
 // diskUsage returns the allocated bytes and the inodes under dir, counting hard-linked
 // files once, as du does.
 func diskUsage(dir string) (bytes, inodes int64, err error) {
