@@ -44,6 +44,9 @@ type Service struct {
 	// rroSupported: the kernel has mount_setattr, so recursive_read_only mounts work
 	// (probed once in New; Status advertises it per runtime handler).
 	rroSupported bool
+	// stats keeps the previous CPU samples and cached writable-layer usage of the
+	// stats RPCs.
+	stats statsState
 
 	mu         sync.RWMutex
 	pods       map[string]*pod

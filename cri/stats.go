@@ -1,0 +1,441 @@
+package cri
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sync/errgroup"
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/crisp-runtime/crisp/controller"
+)
+
+const (
+	// fsUsageTTL is how long a container's writable-layer walk is reused: kubelet asks
+	// every 10-15 s, and a walk of a big upper dir costs far more than the rest of a
+	// stats call (containerd refreshes its snapshot usage every 10 s too).
+	fsUsageTTL = 10 * time.Second
+	// minRateInterval is the shortest interval usage_nano_cores is computed over:
+	// closer samples (two clients, or List right after Get) would give noise, so the
+	// previous rate is reported until the interval has passed.
+	minRateInterval = time.Second
+	// statsParallel bounds the pods whose stats are collected at once.
+	statsParallel = 8
+)
+
+// statsState is what stats keep between calls: the previous CPU sample of every
+// container and pod (usage_nano_cores is a rate between two samples) and the cached
+// writable-layer usage. The zero value is ready to use.
+type statsState struct {
+	mu  sync.Mutex
+	cpu map[string]cpuSample // by container id, or "pod/"+pod id
+	fs  map[string]fsUsage   // by container id
+}
+
+type cpuSample struct {
+	at    time.Time
+	usage uint64
+	// rate is the usage_nano_cores computed when this sample was stored; hasRate is
+	// false for the first sample.
+	rate    uint64
+	hasRate bool
+}
+
+type fsUsage struct {
+	at, expiresAt time.Time
+	mountpoint    string
+	bytes, inodes uint64
+	err           error
+}
+
+// cpuRate returns usage_nano_cores for key at (at, usage), and whether there is one.
+func (st *statsState) cpuRate(key string, at time.Time, usage uint64) (uint64, bool) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.cpu == nil {
+		st.cpu = map[string]cpuSample{}
+	}
+	prev, ok := st.cpu[key]
+	if ok && at.Sub(prev.at) < minRateInterval && !at.Before(prev.at) {
+		return prev.rate, prev.hasRate
+	}
+	next := cpuSample{at: at, usage: usage}
+	if ok && at.After(prev.at) && usage >= prev.usage {
+		next.rate = uint64(float64(usage-prev.usage) / float64(at.Sub(prev.at).Nanoseconds()) * 1e9)
+		next.hasRate = true
+	}
+	st.cpu[key] = next
+	return next.rate, next.hasRate
+}
+
+// prune forgets the samples of containers and pods that no longer exist.
+func (st *statsState) prune(live func(key string) bool) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for k := range st.cpu {
+		if !live(k) {
+			delete(st.cpu, k)
+		}
+	}
+	for k := range st.fs {
+		if !live(k) {
+			delete(st.fs, k)
+		}
+	}
+}
+
+func podKey(id string) string { return "pod/" + id }
+
+// writableLayer returns the container's writable-layer usage, walking it at most once
+// per fsUsageTTL.
+func (s *Service) writableLayer(id string, now time.Time) (*runtime.FilesystemUsage, error) {
+	st := &s.stats
+	st.mu.Lock()
+	u, ok := st.fs[id]
+	st.mu.Unlock()
+	if !ok || now.After(u.expiresAt) {
+		mp, b, n, err := s.images.RootfsUsage(id)
+		u = fsUsage{at: time.Now(), mountpoint: mp, err: err}
+		if err == nil {
+			u.bytes, u.inodes = uint64(b), uint64(n)
+		}
+		u.expiresAt = u.at.Add(fsUsageTTL)
+		st.mu.Lock()
+		if st.fs == nil {
+			st.fs = map[string]fsUsage{}
+		}
+		st.fs[id] = u
+		st.mu.Unlock()
+	}
+	if u.err != nil {
+		return nil, u.err
+	}
+	return &runtime.FilesystemUsage{
+		Timestamp:  u.at.UnixNano(),
+		FsId:       &runtime.FilesystemIdentifier{Mountpoint: u.mountpoint},
+		UsedBytes:  &runtime.UInt64Value{Value: u.bytes},
+		InodesUsed: &runtime.UInt64Value{Value: u.inodes},
+	}, nil
+}
+
+// cpuUsage is the CRI CpuUsage of m, with the rate against key's previous sample.
+func (s *Service) cpuUsage(key string, m *controller.Metrics) *runtime.CpuUsage {
+	u := &runtime.CpuUsage{
+		Timestamp:            m.Timestamp.UnixNano(),
+		UsageCoreNanoSeconds: &runtime.UInt64Value{Value: m.CPUUsageNanos},
+	}
+	if rate, ok := s.stats.cpuRate(key, m.Timestamp, m.CPUUsageNanos); ok {
+		u.UsageNanoCores = &runtime.UInt64Value{Value: rate}
+	}
+	return u
+}
+
+func memoryUsage(m *controller.Metrics) *runtime.MemoryUsage {
+	u := &runtime.MemoryUsage{
+		Timestamp:       m.Timestamp.UnixNano(),
+		WorkingSetBytes: &runtime.UInt64Value{Value: m.WorkingSet},
+		UsageBytes:      &runtime.UInt64Value{Value: m.MemoryUsage},
+		RssBytes:        &runtime.UInt64Value{Value: m.RSS},
+		PageFaults:      &runtime.UInt64Value{Value: m.PageFaults},
+		MajorPageFaults: &runtime.UInt64Value{Value: m.MajorPageFaults},
+	}
+	// Without a limit there is nothing to be available against: left out, as
+	// cAdvisor does.
+	if m.MemoryLimit > 0 {
+		u.AvailableBytes = &runtime.UInt64Value{Value: m.AvailableBytes}
+	}
+	return u
+}
+
+// validateStatsFilter refuses filters that cannot name anything: ids are hex (crisp
+// makes 64 hex digits; a prefix is accepted as in ListContainers), label keys are
+// non-empty.
+func validateStatsFilter(id, podID string, labels map[string]string) error {
+	for what, v := range map[string]string{"id": id, "pod_sandbox_id": podID} {
+		if len(v) > 64 || strings.IndexFunc(v, func(r rune) bool { return !(r >= '0' && r <= '9' || r >= 'a' && r <= 'f') }) >= 0 {
+			return invalid("filter %s %q: ids are (prefixes of) 64 lowercase hex digits", what, v)
+		}
+	}
+	for k := range labels {
+		if k == "" {
+			return invalid("filter label_selector has an empty key")
+		}
+	}
+	return nil
+}
+
+// ContainerStats reports one container's usage. Unknown ids are NotFound.
+func (s *Service) ContainerStats(ctx context.Context, req *runtime.ContainerStatsRequest) (*runtime.ContainerStatsResponse, error) {
+	c, err := s.resolveContainer(req.GetContainerId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &runtime.ContainerStatsResponse{Stats: s.containerStats(ctx, c)}, nil
+}
+
+// ListContainerStats reports every container the filter selects, created and exited
+// ones included with their attributes only (they use nothing).
+func (s *Service) ListContainerStats(ctx context.Context, req *runtime.ListContainerStatsRequest) (*runtime.ListContainerStatsResponse, error) {
+	items, err := s.listContainerStats(ctx, req.GetFilter())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &runtime.ListContainerStatsResponse{Stats: items}, nil
+}
+
+// StreamContainerStats is ListContainerStats in messages of at most streamChunkBytes.
+func (s *Service) StreamContainerStats(req *runtime.StreamContainerStatsRequest, stream runtime.RuntimeService_StreamContainerStatsServer) error {
+	items, err := s.listContainerStats(stream.Context(), req.GetFilter())
+	if err != nil {
+		return toStatus(err)
+	}
+	return toStatus(sendChunks(stream.Context(), items, streamChunkBytes, func(chunk []*runtime.ContainerStats) error {
+		return stream.Send(&runtime.StreamContainerStatsResponse{ContainerStats: chunk})
+	}))
+}
+
+func (s *Service) listContainerStats(ctx context.Context, f *runtime.ContainerStatsFilter) ([]*runtime.ContainerStats, error) {
+	if err := validateStatsFilter(f.GetId(), f.GetPodSandboxId(), f.GetLabelSelector()); err != nil {
+		return nil, err
+	}
+	s.pruneStats()
+	s.mu.RLock()
+	list := make([]*container, 0, len(s.containers))
+	for id, c := range s.containers {
+		if f.GetId() != "" && !strings.HasPrefix(id, f.GetId()) {
+			continue
+		}
+		list = append(list, c)
+	}
+	s.mu.RUnlock()
+	type item struct {
+		created int64
+		st      *runtime.ContainerStats
+	}
+	var items []item
+	for _, c := range list {
+		rec := c.snapshot()
+		if f.GetPodSandboxId() != "" && !strings.HasPrefix(rec.PodID, f.GetPodSandboxId()) {
+			continue
+		}
+		if !labelsMatch(c.config.GetLabels(), f.GetLabelSelector()) {
+			continue
+		}
+		items = append(items, item{rec.CreatedAt, s.containerStats(ctx, c)})
+	}
+	sort.Slice(items, func(i, j int) bool { return items[i].created < items[j].created })
+	out := make([]*runtime.ContainerStats, len(items))
+	for i, it := range items {
+		out[i] = it.st
+	}
+	return out, nil
+}
+
+// containerStats builds one container's stats; a running container whose shim cannot
+// answer (gone, or the container just exited) is reported with its attributes only.
+func (s *Service) containerStats(ctx context.Context, c *container) *runtime.ContainerStats {
+	st, _ := s.containerStatsMetrics(ctx, c)
+	return st
+}
+
+// containerStatsMetrics is containerStats plus the metrics it was built from (nil when
+// the container uses nothing or its shim could not answer).
+func (s *Service) containerStatsMetrics(ctx context.Context, c *container) (*runtime.ContainerStats, *controller.Metrics) {
+	rec := c.snapshot()
+	st := &runtime.ContainerStats{Attributes: &runtime.ContainerAttributes{
+		Id: rec.ID, Metadata: c.config.GetMetadata(),
+		Labels: c.config.GetLabels(), Annotations: c.config.GetAnnotations(),
+	}}
+	if rec.State != stateRunning {
+		return st, nil
+	}
+	m, err := s.ctrl.ContainerMetrics(ctx, rec.PodID, rec.ID)
+	if err != nil {
+		// Not worth a warning when it raced with the exit: the next call sees it.
+		lvl := s.log.Warn
+		if errdefs.IsNotFound(err) || errdefs.IsFailedPrecondition(err) || errdefs.IsUnavailable(err) {
+			lvl = s.log.Debug
+		}
+		lvl("container stats: usage unavailable, reporting attributes only", "container", rec.ID, "pod", rec.PodID, "err", err)
+		return st, nil
+	}
+	st.Cpu = s.cpuUsage(rec.ID, m)
+	st.Memory = memoryUsage(m)
+	if fsu, err := s.writableLayer(rec.ID, time.Now()); err != nil {
+		s.log.Debug("container stats: writable layer usage unavailable", "container", rec.ID, "err", err)
+	} else {
+		st.WritableLayer = fsu
+	}
+	return st, m
+}
+
+// pruneStats drops the samples of removed containers and pods.
+func (s *Service) pruneStats() {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	s.stats.prune(func(key string) bool {
+		if id, ok := strings.CutPrefix(key, "pod/"); ok {
+			return s.pods[id] != nil
+		}
+		return s.containers[key] != nil
+	})
+}
+
+// PodSandboxStats reports one pod's usage: its cgroup's CPU and memory, its network
+// namespace's interfaces, its process count and each container's stats. Unknown ids
+// are NotFound; a pod that is not ready is reported with what is still known.
+func (s *Service) PodSandboxStats(ctx context.Context, req *runtime.PodSandboxStatsRequest) (*runtime.PodSandboxStatsResponse, error) {
+	p, err := s.resolvePod(req.GetPodSandboxId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	st, _ := s.podSandboxStats(ctx, p)
+	return &runtime.PodSandboxStatsResponse{Stats: st}, nil
+}
+
+// ListPodSandboxStats reports every ready pod the filter selects.
+func (s *Service) ListPodSandboxStats(ctx context.Context, req *runtime.ListPodSandboxStatsRequest) (*runtime.ListPodSandboxStatsResponse, error) {
+	items, err := s.listPodSandboxStats(ctx, req.GetFilter())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &runtime.ListPodSandboxStatsResponse{Stats: items}, nil
+}
+
+// StreamPodSandboxStats is ListPodSandboxStats in messages of at most streamChunkBytes.
+func (s *Service) StreamPodSandboxStats(req *runtime.StreamPodSandboxStatsRequest, stream runtime.RuntimeService_StreamPodSandboxStatsServer) error {
+	items, err := s.listPodSandboxStats(stream.Context(), req.GetFilter())
+	if err != nil {
+		return toStatus(err)
+	}
+	return toStatus(sendChunks(stream.Context(), items, streamChunkBytes, func(chunk []*runtime.PodSandboxStats) error {
+		return stream.Send(&runtime.StreamPodSandboxStatsResponse{PodSandboxStats: chunk})
+	}))
+}
+
+// readyPods returns the ready pods the id prefix and label selector select, oldest first.
+func (s *Service) readyPods(id string, labels map[string]string) []*pod {
+	s.mu.RLock()
+	pods := make([]*pod, 0, len(s.pods))
+	for pid, p := range s.pods {
+		if id != "" && !strings.HasPrefix(pid, id) {
+			continue
+		}
+		if !labelsMatch(p.config.GetLabels(), labels) {
+			continue
+		}
+		pods = append(pods, p)
+	}
+	s.mu.RUnlock()
+	ready := pods[:0]
+	for _, p := range pods {
+		// A pod that is not ready uses nothing: its cgroup and namespaces are gone.
+		if s.ctrl.Ready(p.rec.ID) {
+			ready = append(ready, p)
+		}
+	}
+	sort.Slice(ready, func(i, j int) bool { return ready[i].rec.CreatedAt < ready[j].rec.CreatedAt })
+	return ready
+}
+
+func (s *Service) listPodSandboxStats(ctx context.Context, f *runtime.PodSandboxStatsFilter) ([]*runtime.PodSandboxStats, error) {
+	if err := validateStatsFilter(f.GetId(), "", f.GetLabelSelector()); err != nil {
+		return nil, err
+	}
+	s.pruneStats()
+	pods := s.readyPods(f.GetId(), f.GetLabelSelector())
+	out := make([]*runtime.PodSandboxStats, len(pods))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(statsParallel)
+	for i, p := range pods {
+		g.Go(func() error {
+			out[i], _ = s.podSandboxStats(gctx, p)
+			return nil
+		})
+	}
+	_ = g.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("pod sandbox stats: %w", err)
+	}
+	return out, nil
+}
+
+// podStats is what one pod's stats were built from, for the metrics RPCs.
+type podStats struct {
+	pod        *controller.Metrics // nil when the shim could not answer
+	network    []netIface
+	containers map[string]*controller.Metrics // by container id, running ones only
+}
+
+// podSandboxStats builds a pod's stats. Each part the pod cannot give (shim gone,
+// pause gone, host network) is left out and logged; nothing here fails the call.
+func (s *Service) podSandboxStats(ctx context.Context, p *pod) (*runtime.PodSandboxStats, *podStats) {
+	id := p.rec.ID
+	log := s.log.With("pod", id)
+	out := &runtime.PodSandboxStats{
+		Attributes: &runtime.PodSandboxAttributes{
+			Id: id, Metadata: p.config.GetMetadata(),
+			Labels: p.config.GetLabels(), Annotations: p.config.GetAnnotations(),
+		},
+		Linux: &runtime.LinuxPodSandboxStats{},
+	}
+	raw := &podStats{containers: map[string]*controller.Metrics{}}
+	for _, c := range s.containersOf(id) {
+		cs, m := s.containerStatsMetrics(ctx, c)
+		out.Linux.Containers = append(out.Linux.Containers, cs)
+		if m != nil {
+			raw.containers[cs.GetAttributes().GetId()] = m
+		}
+	}
+	sort.Slice(out.Linux.Containers, func(i, j int) bool {
+		return out.Linux.Containers[i].GetAttributes().GetId() < out.Linux.Containers[j].GetAttributes().GetId()
+	})
+
+	ready := s.ctrl.Ready(id)
+	if !ready {
+		return out, raw
+	}
+	podM, err := s.ctrl.SandboxMetrics(ctx, id)
+	switch {
+	case err != nil:
+		log.Warn("pod stats: cgroup metrics unavailable", "err", err)
+	default:
+		if p.config.GetLinux().GetCgroupParent() == "" {
+			// The default parent is shared by every pod: the shim reported the pause's
+			// own cgroup, and the pod is that plus its containers' (siblings of it).
+			for _, m := range raw.containers {
+				podM.Add(m)
+			}
+		}
+		raw.pod = podM
+		out.Linux.Cpu = s.cpuUsage(podKey(id), podM)
+		out.Linux.Memory = memoryUsage(podM)
+		out.Linux.Process = &runtime.ProcessUsage{
+			Timestamp:    podM.Timestamp.UnixNano(),
+			ProcessCount: &runtime.UInt64Value{Value: podM.Pids},
+		}
+	}
+
+	if p.config.GetLinux().GetSecurityContext().GetNamespaceOptions().GetNetwork() == runtime.NamespaceMode_NODE {
+		// The host's interfaces are not the pod's.
+		return out, raw
+	}
+	st, err := s.ctrl.Status(id)
+	if err != nil || st.Pid == 0 {
+		log.Debug("pod stats: no pause process for network stats", "err", err)
+		return out, raw
+	}
+	ifaces, at, err := readNetDev(int(st.Pid))
+	if err != nil {
+		log.Warn("pod stats: network counters unavailable", "pause_pid", st.Pid, "err", err)
+		return out, raw
+	}
+	raw.network = ifaces
+	out.Linux.Network = networkUsage(ifaces, at)
+	return out, raw
+}
