@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"google.golang.org/protobuf/proto"
 	"os"
 	"path/filepath"
 	"sort"
@@ -521,6 +522,12 @@ func (s *Service) ContainerStatus(_ context.Context, req *runtime.ContainerStatu
 		return nil, toStatus(err)
 	}
 	st, rec := containerStatus(c)
+	s.mu.RLock()
+	p := s.pods[rec.PodID]
+	s.mu.RUnlock()
+	if p != nil {
+		st.Mounts = idmappedMounts(st.Mounts, p.config)
+	}
 	resp := &runtime.ContainerStatusResponse{Status: st}
 	if req.GetVerbose() {
 		info := map[string]any{"sandboxID": rec.PodID, "pid": rec.Pid, "user": rec.User, "stopSignal": rec.StopSignal}
@@ -678,4 +685,25 @@ func (s *Service) ReopenContainerLog(ctx context.Context, req *runtime.ReopenCon
 		return nil, toStatus(err)
 	}
 	return &runtime.ReopenContainerLogResponse{}, nil
+}
+
+// idmappedMounts reports the volumes of a container in a user-namespaced pod as
+// cri/spec mounts them: idmapped, with the volume's own mappings or else the pod's.
+// The request's mounts are not modified.
+func idmappedMounts(ms []*runtime.Mount, pod *runtime.PodSandboxConfig) []*runtime.Mount {
+	u := pod.GetLinux().GetSecurityContext().GetNamespaceOptions().GetUsernsOptions()
+	if u.GetMode() != runtime.NamespaceMode_POD || len(ms) == 0 {
+		return ms
+	}
+	out := make([]*runtime.Mount, len(ms))
+	for i, m := range ms {
+		if len(m.GetUidMappings()) > 0 || len(m.GetGidMappings()) > 0 {
+			out[i] = m
+			continue
+		}
+		c := proto.Clone(m).(*runtime.Mount)
+		c.UidMappings, c.GidMappings = u.GetUids(), u.GetGids()
+		out[i] = c
+	}
+	return out
 }

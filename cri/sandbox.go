@@ -19,6 +19,7 @@ import (
 
 	options "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/controller"
+	"github.com/crisp-runtime/crisp/cri/spec"
 	"github.com/crisp-runtime/crisp/network"
 )
 
@@ -86,12 +87,19 @@ func (s *Service) RunPodSandbox(ctx context.Context, req *runtime.RunPodSandboxR
 	for k, v := range cfg.GetLinux().GetSysctls() {
 		sysctls[strings.ReplaceAll(k, "/", ".")] = v
 	}
+	userNS, err := spec.PodUserNS(nsOpts)
+	if err != nil {
+		return nil, err
+	}
+	if userNS != nil && !s.usernsSupported {
+		return nil, fmt.Errorf("%w: user namespaces are not supported on this node (see criserver's start-up log; Status does not advertise them)", errdefs.ErrFailedPrecondition)
+	}
 	uts := options.NamespaceMode_POD
 	if hostNet {
 		// A pod on the host network keeps the host's hostname, as kubelet expects.
 		uts = options.NamespaceMode_NODE
 	}
-	spec := controller.Spec{
+	ctrlSpec := controller.Spec{
 		ID:          id,
 		Handler:     handler,
 		Name:        md.GetName(),
@@ -111,7 +119,7 @@ func (s *Service) RunPodSandbox(ctx context.Context, req *runtime.RunPodSandboxR
 		CgroupParent: cfg.GetLinux().GetCgroupParent(),
 	}
 	for _, pm := range cfg.GetPortMappings() {
-		spec.PortMappings = append(spec.PortMappings, network.PortMapping{
+		ctrlSpec.PortMappings = append(ctrlSpec.PortMappings, network.PortMapping{
 			HostPort:      pm.GetHostPort(),
 			ContainerPort: pm.GetContainerPort(),
 			Protocol:      strings.ToLower(pm.GetProtocol().String()),
@@ -119,7 +127,13 @@ func (s *Service) RunPodSandbox(ctx context.Context, req *runtime.RunPodSandboxR
 		})
 	}
 	start := time.Now()
-	st, err := s.ctrl.Create(ctx, spec)
+	if userNS != nil {
+		ctrlSpec.Sandbox.Userns = &options.UserNamespace{
+			Uids: []*options.IDMapping{{ContainerId: userNS.UID.ContainerID, HostId: userNS.UID.HostID, Size: userNS.UID.Size}},
+			Gids: []*options.IDMapping{{ContainerId: userNS.GID.ContainerID, HostId: userNS.GID.HostID, Size: userNS.GID.Size}},
+		}
+	}
+	st, err := s.ctrl.Create(ctx, ctrlSpec)
 	if err != nil {
 		return nil, fmt.Errorf("run pod sandbox %s (%s/%s): %w", id, md.GetNamespace(), md.GetName(), err)
 	}
@@ -325,6 +339,8 @@ func (s *Service) podStatus(p *pod, st *controller.Status) *runtime.PodSandboxSt
 			Pid:      nsOpts.GetPid(),
 			Ipc:      nsOpts.GetIpc(),
 			TargetId: nsOpts.GetTargetId(),
+			// The CRI's own message: mode and the mappings the pod runs with.
+			UsernsOptions: nsOpts.GetUsernsOptions(),
 		}}},
 		Labels:         cfg.GetLabels(),
 		Annotations:    cfg.GetAnnotations(),

@@ -47,6 +47,10 @@ type Service struct {
 	// stats keeps the previous CPU samples and cached writable-layer usage of the
 	// stats RPCs.
 	stats statsState
+	// usernsSupported: user namespaces and idmapped mounts on the filesystem of the
+	// snapshots work here (probed once in New; Status advertises user_namespaces per
+	// runtime handler and RunPodSandbox refuses userns pods without it).
+	usernsSupported bool
 
 	mu         sync.RWMutex
 	pods       map[string]*pod
@@ -78,7 +82,13 @@ func New(cfg config.Config, st *store.Store, ctrl *controller.Controller, net *n
 	if !rro {
 		log.Warn("kernel has no mount_setattr (Linux 5.12+): recursive read-only mounts are refused and not advertised")
 	}
-	return &Service{cfg: cfg, store: st, ctrl: ctrl, net: net, images: images, log: log, rroSupported: rro, names: newNameIndex(), pods: map[string]*pod{}, containers: map[string]*container{}}
+	// The rootfs layers are idmapped where the snapshots live (below RootDir).
+	userns := true
+	if err := spec.IDMappedMountsSupported(cfg.RootDir); err != nil {
+		userns = false
+		log.Warn("user namespaces are not supported here: pods with hostUsers: false are refused and not advertised", "err", err)
+	}
+	return &Service{cfg: cfg, store: st, ctrl: ctrl, net: net, images: images, log: log, rroSupported: rro, usernsSupported: userns, names: newNameIndex(), pods: map[string]*pod{}, containers: map[string]*container{}}
 }
 
 // Recover loads the pods from the store after a restart. liveSandboxes are the ids the
@@ -137,8 +147,9 @@ func (s *Service) Version(context.Context, *runtime.VersionRequest) (*runtime.Ve
 // Status reports whether the runtime and the pod network are ready, and the features
 // kubelet checks before using them: per runtime handler recursive read-only mounts
 // (when the kernel has mount_setattr: the OCI spec's "rro" option is what every
-// handler's shim gets, and shim-runc's libcontainer applies it), and for the runtime
-// SupplementalGroupsPolicy Strict.
+// handler's shim gets, and shim-runc's libcontainer applies it), user namespaces (when
+// the kernel can idmap the snapshots' filesystem, see spec.IDMappedMountsSupported),
+// and for the runtime SupplementalGroupsPolicy Strict.
 func (s *Service) Status(_ context.Context, req *runtime.StatusRequest) (*runtime.StatusResponse, error) {
 	runtimeReady := &runtime.RuntimeCondition{Type: runtime.RuntimeReady, Status: true}
 	networkReady := &runtime.RuntimeCondition{Type: runtime.NetworkReady, Status: true}
@@ -154,7 +165,7 @@ func (s *Service) Status(_ context.Context, req *runtime.StatusRequest) (*runtim
 		Features: &runtime.RuntimeFeatures{SupplementalGroupsPolicy: true},
 	}
 	features := func() *runtime.RuntimeHandlerFeatures {
-		return &runtime.RuntimeHandlerFeatures{RecursiveReadOnlyMounts: s.rroSupported}
+		return &runtime.RuntimeHandlerFeatures{RecursiveReadOnlyMounts: s.rroSupported, UserNamespaces: s.usernsSupported}
 	}
 	for _, name := range s.cfg.HandlerNames() {
 		resp.RuntimeHandlers = append(resp.RuntimeHandlers, &runtime.RuntimeHandler{Name: name, Features: features()})

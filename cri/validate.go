@@ -1,6 +1,7 @@
 package cri
 
 import (
+	"github.com/crisp-runtime/crisp/cri/spec"
 	"net"
 	"path"
 	"strings"
@@ -72,6 +73,15 @@ func validatePodConfig(cfg *runtime.PodSandboxConfig, cgroupDriver string) error
 	case runtime.NamespaceMode_POD, runtime.NamespaceMode_CONTAINER, runtime.NamespaceMode_NODE:
 	default:
 		return invalid("namespace_options.pid must be POD, CONTAINER or NODE for a pod, got %s", nsOpts.GetPid())
+	}
+	userNS, err := spec.PodUserNS(nsOpts)
+	if err != nil {
+		return err
+	}
+	if userNS != nil {
+		if err := spec.CheckPodUserNS(cfg); err != nil {
+			return err
+		}
 	}
 	hostNet := nsOpts.GetNetwork() == runtime.NamespaceMode_NODE
 	hostIPC := nsOpts.GetIpc() == runtime.NamespaceMode_NODE

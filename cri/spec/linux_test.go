@@ -186,7 +186,7 @@ func TestNamespaces(t *testing.T) {
 	in = baseInput(t)
 	sc(in).NamespaceOptions.UsernsOptions = &runtime.UserNamespace{Mode: runtime.NamespaceMode_POD}
 	_, err = Generate(in)
-	wantErr(t, err, isNotImplemented, "user namespaces")
+	wantErr(t, err, isInvalid, "exactly one uid mapping")
 	sc(in).NamespaceOptions.UsernsOptions = &runtime.UserNamespace{Mode: runtime.NamespaceMode_NODE}
 	mustGenerate(t, in)
 }

@@ -45,6 +45,10 @@ type bindMount struct {
 	rro         bool
 	propagation runtime.MountPropagation
 	options     []string
+	// idmap, for a user-namespaced pod's volumes, makes the bind an idmapped mount:
+	// host ids are shifted by the mapping, so files the host's root owns appear owned
+	// by the container's root.
+	idmap *UserNS
 }
 
 // mountsInput is what buildMounts needs from Generate.
@@ -57,6 +61,8 @@ type mountsInput struct {
 	readonlyRoot bool
 	cgroupNS     bool
 	rroSupported bool
+	// userNS is the pod's user namespace; nil for the host's.
+	userNS *UserNS
 }
 
 // buildMounts returns the container's mounts and the rootfs propagation they need:
@@ -71,6 +77,9 @@ func buildMounts(in mountsInput) ([]specs.Mount, string, error) {
 	for _, m := range in.cfg.GetMounts() {
 		b, err := criMount(m, in.rroSupported)
 		if err != nil {
+			return nil, "", err
+		}
+		if b.idmap, err = volumeIDMap(m, in.userNS); err != nil {
 			return nil, "", err
 		}
 		if taken[b.dst] {
@@ -154,7 +163,17 @@ func buildMounts(in mountsInput) ([]specs.Mount, string, error) {
 			opts = append(opts, "rw")
 		}
 		opts = append(opts, b.options...)
-		out = append(out, specs.Mount{Destination: b.dst, Type: "bind", Source: b.src, Options: opts})
+		mnt := specs.Mount{Destination: b.dst, Type: "bind", Source: b.src, Options: opts}
+		if b.idmap != nil {
+			// libcontainer idmaps the bind with a user namespace of these mappings
+			// (open_tree + mount_setattr(MOUNT_ATTR_IDMAP)). "idmap", not "ridmap":
+			// only the volume itself, so a submount on a filesystem without idmap
+			// support does not fail the container.
+			mnt.Options = append(mnt.Options, "idmap")
+			mnt.UIDMappings = []specs.LinuxIDMapping{b.idmap.UID}
+			mnt.GIDMappings = []specs.LinuxIDMapping{b.idmap.GID}
+		}
+		out = append(out, mnt)
 	}
 	sort.SliceStable(out, func(i, j int) bool {
 		return strings.Count(out[i].Destination, "/") < strings.Count(out[j].Destination, "/")
@@ -284,4 +303,27 @@ func defaultMounts(privileged, cgroupNS bool) []specs.Mount {
 		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", rw}},
 		{Destination: cgroupMountDst, Type: "cgroup", Source: "cgroup", Options: cgroupOpts},
 	}
+}
+
+// volumeIDMap decides a CRI volume's id mapping. In a pod with a user namespace every
+// volume is idmapped: with the mount's own mappings if the CRI gives them, else with the
+// pod's (the ids the container sees then match the ones on the host shifted by the
+// pod's range, and root-owned volume files are root-owned inside). In a pod without one,
+// mount mappings make no sense: there is no container id space to map to.
+func volumeIDMap(m *runtime.Mount, pod *UserNS) (*UserNS, error) {
+	if len(m.GetUidMappings()) == 0 && len(m.GetGidMappings()) == 0 {
+		return pod, nil
+	}
+	if pod == nil {
+		return nil, invalidf("mount at %s has uid/gid mappings but the pod has no user namespace", m.GetContainerPath())
+	}
+	uid, err := oneRange("uid", m.GetUidMappings())
+	if err != nil {
+		return nil, fmt.Errorf("mount at %s: %w", m.GetContainerPath(), err)
+	}
+	gid, err := oneRange("gid", m.GetGidMappings())
+	if err != nil {
+		return nil, fmt.Errorf("mount at %s: %w", m.GetContainerPath(), err)
+	}
+	return &UserNS{UID: uid, GID: gid}, nil
 }

@@ -100,7 +100,7 @@ type Result struct {
 // Not mapped, on purpose: AppArmor and SELinux (crisp runs neither; a requested
 // Localhost AppArmor profile or SELinux options yield a warning), image VOLUMEs (they
 // stay ordinary directories of the writable rootfs, like CRI-O's image_volumes=ignore),
-// CDI devices (not supported: refused), user namespaces (refused), and stdin/stdin_once
+// CDI devices (not supported: refused), and stdin/stdin_once
 // (they concern the caller's IO, not the spec).
 func Generate(in Input) (*Result, error) {
 	cfg, pod := in.Config, in.Pod
@@ -123,11 +123,12 @@ func Generate(in Input) (*Result, error) {
 	if privileged && !pod.GetLinux().GetSecurityContext().GetPrivileged() {
 		return nil, invalidf("privileged container %q is not allowed in a pod that is not privileged", cfg.GetMetadata().GetName())
 	}
-	for _, ns := range []*runtime.NamespaceOption{sc.GetNamespaceOptions(), pod.GetLinux().GetSecurityContext().GetNamespaceOptions()} {
-		// Mode POD is the enum's zero value: only a present userns_options asks for it.
-		if u := ns.GetUsernsOptions(); u != nil && u.GetMode() == runtime.NamespaceMode_POD {
-			return nil, notImplementedf("user namespaces (hostUsers: false) are not supported")
-		}
+	userNS, err := ContainerUserNS(sc.GetNamespaceOptions(), pod.GetLinux().GetSecurityContext().GetNamespaceOptions())
+	if err != nil {
+		return nil, err
+	}
+	if userNS != nil && privileged {
+		return nil, invalidf("privileged container %q cannot run in a user namespace", cfg.GetMetadata().GetName())
 	}
 	if len(cfg.GetCDIDevices()) > 0 {
 		return nil, notImplementedf("CDI devices are not supported (%s)", cfg.GetCDIDevices()[0].GetName())
@@ -179,6 +180,7 @@ func Generate(in Input) (*Result, error) {
 		readonlyRoot: sc.GetReadonlyRootfs(),
 		cgroupNS:     cgroupNS,
 		rroSupported: in.RecursiveReadOnlyMounts,
+		userNS:       userNS,
 	})
 	if err != nil {
 		return nil, err
@@ -225,6 +227,15 @@ func Generate(in Input) (*Result, error) {
 	nss, err := namespaces(in, modes, privileged)
 	if err != nil {
 		return nil, err
+	}
+	if userNS != nil {
+		if in.PausePid <= 0 {
+			return nil, invalidf("the pod's pause pid is needed to join its user namespace")
+		}
+		// Joined by path only, without linux.uidMappings: libcontainer reads the
+		// mappings from the namespace and only warns (or fails, on a mismatch) when a
+		// spec carries both. The pod's other namespaces are owned by this one.
+		nss = append(nss, specs.LinuxNamespace{Type: specs.UserNamespace, Path: fmt.Sprintf("/proc/%d/ns/user", in.PausePid)})
 	}
 	cgPath, err := cgroupsPath(in.CgroupParent, in.ContainerID, in.SystemdCgroup)
 	if err != nil {

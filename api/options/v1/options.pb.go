@@ -98,7 +98,12 @@ type SandboxOptions struct {
 	// oom_score_adj for the pause process; clamped by the shim to what it may set.
 	OomScoreAdj int32 `protobuf:"varint,8,opt,name=oom_score_adj,json=oomScoreAdj,proto3" json:"oom_score_adj,omitempty"`
 	// uts: NODE leaves the pause process in the host UTS namespace.
-	Uts           NamespaceMode `protobuf:"varint,9,opt,name=uts,proto3,enum=crisp.options.v1.NamespaceMode" json:"uts,omitempty"`
+	Uts NamespaceMode `protobuf:"varint,9,opt,name=uts,proto3,enum=crisp.options.v1.NamespaceMode" json:"uts,omitempty"`
+	// userns, when set, gives the pod its own user namespace with these mappings. The
+	// pause process creates it together with the pod's network, IPC, UTS and PID
+	// namespaces, which it then owns; the pod's network namespace is the pause's own
+	// (netns_path must be empty) and the controller pins it after StartSandbox.
+	Userns        *UserNamespace `protobuf:"bytes,10,opt,name=userns,proto3" json:"userns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -196,6 +201,128 @@ func (x *SandboxOptions) GetUts() NamespaceMode {
 	return NamespaceMode_POD
 }
 
+func (x *SandboxOptions) GetUserns() *UserNamespace {
+	if x != nil {
+		return x.Userns
+	}
+	return nil
+}
+
+// UserNamespace is a pod's user namespace: one uid and one gid range, container id 0
+// first (what kubelet allocates for hostUsers: false).
+type UserNamespace struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Uids          []*IDMapping           `protobuf:"bytes,1,rep,name=uids,proto3" json:"uids,omitempty"`
+	Gids          []*IDMapping           `protobuf:"bytes,2,rep,name=gids,proto3" json:"gids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UserNamespace) Reset() {
+	*x = UserNamespace{}
+	mi := &file_api_options_v1_options_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UserNamespace) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UserNamespace) ProtoMessage() {}
+
+func (x *UserNamespace) ProtoReflect() protoreflect.Message {
+	mi := &file_api_options_v1_options_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UserNamespace.ProtoReflect.Descriptor instead.
+func (*UserNamespace) Descriptor() ([]byte, []int) {
+	return file_api_options_v1_options_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *UserNamespace) GetUids() []*IDMapping {
+	if x != nil {
+		return x.Uids
+	}
+	return nil
+}
+
+func (x *UserNamespace) GetGids() []*IDMapping {
+	if x != nil {
+		return x.Gids
+	}
+	return nil
+}
+
+// IDMapping maps size ids from container_id inside the namespace to host_id outside.
+type IDMapping struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   uint32                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	HostId        uint32                 `protobuf:"varint,2,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
+	Size          uint32                 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IDMapping) Reset() {
+	*x = IDMapping{}
+	mi := &file_api_options_v1_options_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IDMapping) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IDMapping) ProtoMessage() {}
+
+func (x *IDMapping) ProtoReflect() protoreflect.Message {
+	mi := &file_api_options_v1_options_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IDMapping.ProtoReflect.Descriptor instead.
+func (*IDMapping) Descriptor() ([]byte, []int) {
+	return file_api_options_v1_options_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *IDMapping) GetContainerId() uint32 {
+	if x != nil {
+		return x.ContainerId
+	}
+	return 0
+}
+
+func (x *IDMapping) GetHostId() uint32 {
+	if x != nil {
+		return x.HostId
+	}
+	return 0
+}
+
+func (x *IDMapping) GetSize() uint32 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
 // ContainerOptions rides in CreateTaskRequest.options for a CRI container.
 type ContainerOptions struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -212,7 +339,7 @@ type ContainerOptions struct {
 
 func (x *ContainerOptions) Reset() {
 	*x = ContainerOptions{}
-	mi := &file_api_options_v1_options_proto_msgTypes[1]
+	mi := &file_api_options_v1_options_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -224,7 +351,7 @@ func (x *ContainerOptions) String() string {
 func (*ContainerOptions) ProtoMessage() {}
 
 func (x *ContainerOptions) ProtoReflect() protoreflect.Message {
-	mi := &file_api_options_v1_options_proto_msgTypes[1]
+	mi := &file_api_options_v1_options_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -237,7 +364,7 @@ func (x *ContainerOptions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerOptions.ProtoReflect.Descriptor instead.
 func (*ContainerOptions) Descriptor() ([]byte, []int) {
-	return file_api_options_v1_options_proto_rawDescGZIP(), []int{1}
+	return file_api_options_v1_options_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ContainerOptions) GetLogPath() string {
@@ -272,7 +399,7 @@ type ReopenLogRequest struct {
 
 func (x *ReopenLogRequest) Reset() {
 	*x = ReopenLogRequest{}
-	mi := &file_api_options_v1_options_proto_msgTypes[2]
+	mi := &file_api_options_v1_options_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -284,7 +411,7 @@ func (x *ReopenLogRequest) String() string {
 func (*ReopenLogRequest) ProtoMessage() {}
 
 func (x *ReopenLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_options_v1_options_proto_msgTypes[2]
+	mi := &file_api_options_v1_options_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -297,7 +424,7 @@ func (x *ReopenLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReopenLogRequest.ProtoReflect.Descriptor instead.
 func (*ReopenLogRequest) Descriptor() ([]byte, []int) {
-	return file_api_options_v1_options_proto_rawDescGZIP(), []int{2}
+	return file_api_options_v1_options_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ReopenLogRequest) GetContainerId() string {
@@ -316,7 +443,7 @@ type ReopenLogResponse struct {
 
 func (x *ReopenLogResponse) Reset() {
 	*x = ReopenLogResponse{}
-	mi := &file_api_options_v1_options_proto_msgTypes[3]
+	mi := &file_api_options_v1_options_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -328,7 +455,7 @@ func (x *ReopenLogResponse) String() string {
 func (*ReopenLogResponse) ProtoMessage() {}
 
 func (x *ReopenLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_options_v1_options_proto_msgTypes[3]
+	mi := &file_api_options_v1_options_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -341,7 +468,7 @@ func (x *ReopenLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReopenLogResponse.ProtoReflect.Descriptor instead.
 func (*ReopenLogResponse) Descriptor() ([]byte, []int) {
-	return file_api_options_v1_options_proto_rawDescGZIP(), []int{3}
+	return file_api_options_v1_options_proto_rawDescGZIP(), []int{5}
 }
 
 // ContainerInfoRequest asks the shim what the task API does not carry about a container.
@@ -355,7 +482,7 @@ type ContainerInfoRequest struct {
 
 func (x *ContainerInfoRequest) Reset() {
 	*x = ContainerInfoRequest{}
-	mi := &file_api_options_v1_options_proto_msgTypes[4]
+	mi := &file_api_options_v1_options_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -367,7 +494,7 @@ func (x *ContainerInfoRequest) String() string {
 func (*ContainerInfoRequest) ProtoMessage() {}
 
 func (x *ContainerInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_options_v1_options_proto_msgTypes[4]
+	mi := &file_api_options_v1_options_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -380,7 +507,7 @@ func (x *ContainerInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerInfoRequest.ProtoReflect.Descriptor instead.
 func (*ContainerInfoRequest) Descriptor() ([]byte, []int) {
-	return file_api_options_v1_options_proto_rawDescGZIP(), []int{4}
+	return file_api_options_v1_options_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ContainerInfoRequest) GetContainerId() string {
@@ -400,7 +527,7 @@ type ContainerInfoResponse struct {
 
 func (x *ContainerInfoResponse) Reset() {
 	*x = ContainerInfoResponse{}
-	mi := &file_api_options_v1_options_proto_msgTypes[5]
+	mi := &file_api_options_v1_options_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -412,7 +539,7 @@ func (x *ContainerInfoResponse) String() string {
 func (*ContainerInfoResponse) ProtoMessage() {}
 
 func (x *ContainerInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_options_v1_options_proto_msgTypes[5]
+	mi := &file_api_options_v1_options_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -425,7 +552,7 @@ func (x *ContainerInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerInfoResponse.ProtoReflect.Descriptor instead.
 func (*ContainerInfoResponse) Descriptor() ([]byte, []int) {
-	return file_api_options_v1_options_proto_rawDescGZIP(), []int{5}
+	return file_api_options_v1_options_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ContainerInfoResponse) GetOomKilled() bool {
@@ -452,7 +579,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_api_options_v1_options_proto_msgTypes[6]
+	mi := &file_api_options_v1_options_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -464,7 +591,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_options_v1_options_proto_msgTypes[6]
+	mi := &file_api_options_v1_options_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -477,7 +604,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_api_options_v1_options_proto_rawDescGZIP(), []int{6}
+	return file_api_options_v1_options_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AttachRequest) GetContainerId() string {
@@ -517,7 +644,7 @@ type AttachResponse struct {
 
 func (x *AttachResponse) Reset() {
 	*x = AttachResponse{}
-	mi := &file_api_options_v1_options_proto_msgTypes[7]
+	mi := &file_api_options_v1_options_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -529,7 +656,7 @@ func (x *AttachResponse) String() string {
 func (*AttachResponse) ProtoMessage() {}
 
 func (x *AttachResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_options_v1_options_proto_msgTypes[7]
+	mi := &file_api_options_v1_options_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -542,14 +669,14 @@ func (x *AttachResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachResponse.ProtoReflect.Descriptor instead.
 func (*AttachResponse) Descriptor() ([]byte, []int) {
-	return file_api_options_v1_options_proto_rawDescGZIP(), []int{7}
+	return file_api_options_v1_options_proto_rawDescGZIP(), []int{9}
 }
 
 var File_api_options_v1_options_proto protoreflect.FileDescriptor
 
 const file_api_options_v1_options_proto_rawDesc = "" +
 	"\n" +
-	"\x1capi/options/v1/options.proto\x12\x10crisp.options.v1\"\xf5\x03\n" +
+	"\x1capi/options/v1/options.proto\x12\x10crisp.options.v1\"\xae\x04\n" +
 	"\x0eSandboxOptions\x12\x1a\n" +
 	"\bhostname\x18\x01 \x01(\tR\bhostname\x129\n" +
 	"\anetwork\x18\x02 \x01(\x0e2\x1f.crisp.options.v1.NamespaceModeR\anetwork\x121\n" +
@@ -559,10 +686,19 @@ const file_api_options_v1_options_proto_rawDesc = "" +
 	"\rcgroup_parent\x18\x06 \x01(\tR\fcgroupParent\x12%\n" +
 	"\x0esystemd_cgroup\x18\a \x01(\bR\rsystemdCgroup\x12\"\n" +
 	"\room_score_adj\x18\b \x01(\x05R\voomScoreAdj\x121\n" +
-	"\x03uts\x18\t \x01(\x0e2\x1f.crisp.options.v1.NamespaceModeR\x03uts\x1a:\n" +
+	"\x03uts\x18\t \x01(\x0e2\x1f.crisp.options.v1.NamespaceModeR\x03uts\x127\n" +
+	"\x06userns\x18\n" +
+	" \x01(\v2\x1f.crisp.options.v1.UserNamespaceR\x06userns\x1a:\n" +
 	"\fSysctlsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"n\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"q\n" +
+	"\rUserNamespace\x12/\n" +
+	"\x04uids\x18\x01 \x03(\v2\x1b.crisp.options.v1.IDMappingR\x04uids\x12/\n" +
+	"\x04gids\x18\x02 \x03(\v2\x1b.crisp.options.v1.IDMappingR\x04gids\"[\n" +
+	"\tIDMapping\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\rR\vcontainerId\x12\x17\n" +
+	"\ahost_id\x18\x02 \x01(\rR\x06hostId\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\rR\x04size\"n\n" +
 	"\x10ContainerOptions\x12\x19\n" +
 	"\blog_path\x18\x01 \x01(\tR\alogPath\x12 \n" +
 	"\flog_max_line\x18\x02 \x01(\rR\n" +
@@ -601,30 +737,35 @@ func file_api_options_v1_options_proto_rawDescGZIP() []byte {
 }
 
 var file_api_options_v1_options_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_options_v1_options_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_api_options_v1_options_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_api_options_v1_options_proto_goTypes = []any{
 	(NamespaceMode)(0),            // 0: crisp.options.v1.NamespaceMode
 	(*SandboxOptions)(nil),        // 1: crisp.options.v1.SandboxOptions
-	(*ContainerOptions)(nil),      // 2: crisp.options.v1.ContainerOptions
-	(*ReopenLogRequest)(nil),      // 3: crisp.options.v1.ReopenLogRequest
-	(*ReopenLogResponse)(nil),     // 4: crisp.options.v1.ReopenLogResponse
-	(*ContainerInfoRequest)(nil),  // 5: crisp.options.v1.ContainerInfoRequest
-	(*ContainerInfoResponse)(nil), // 6: crisp.options.v1.ContainerInfoResponse
-	(*AttachRequest)(nil),         // 7: crisp.options.v1.AttachRequest
-	(*AttachResponse)(nil),        // 8: crisp.options.v1.AttachResponse
-	nil,                           // 9: crisp.options.v1.SandboxOptions.SysctlsEntry
+	(*UserNamespace)(nil),         // 2: crisp.options.v1.UserNamespace
+	(*IDMapping)(nil),             // 3: crisp.options.v1.IDMapping
+	(*ContainerOptions)(nil),      // 4: crisp.options.v1.ContainerOptions
+	(*ReopenLogRequest)(nil),      // 5: crisp.options.v1.ReopenLogRequest
+	(*ReopenLogResponse)(nil),     // 6: crisp.options.v1.ReopenLogResponse
+	(*ContainerInfoRequest)(nil),  // 7: crisp.options.v1.ContainerInfoRequest
+	(*ContainerInfoResponse)(nil), // 8: crisp.options.v1.ContainerInfoResponse
+	(*AttachRequest)(nil),         // 9: crisp.options.v1.AttachRequest
+	(*AttachResponse)(nil),        // 10: crisp.options.v1.AttachResponse
+	nil,                           // 11: crisp.options.v1.SandboxOptions.SysctlsEntry
 }
 var file_api_options_v1_options_proto_depIdxs = []int32{
-	0, // 0: crisp.options.v1.SandboxOptions.network:type_name -> crisp.options.v1.NamespaceMode
-	0, // 1: crisp.options.v1.SandboxOptions.pid:type_name -> crisp.options.v1.NamespaceMode
-	0, // 2: crisp.options.v1.SandboxOptions.ipc:type_name -> crisp.options.v1.NamespaceMode
-	9, // 3: crisp.options.v1.SandboxOptions.sysctls:type_name -> crisp.options.v1.SandboxOptions.SysctlsEntry
-	0, // 4: crisp.options.v1.SandboxOptions.uts:type_name -> crisp.options.v1.NamespaceMode
-	5, // [5:5] is the sub-list for method output_type
-	5, // [5:5] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	0,  // 0: crisp.options.v1.SandboxOptions.network:type_name -> crisp.options.v1.NamespaceMode
+	0,  // 1: crisp.options.v1.SandboxOptions.pid:type_name -> crisp.options.v1.NamespaceMode
+	0,  // 2: crisp.options.v1.SandboxOptions.ipc:type_name -> crisp.options.v1.NamespaceMode
+	11, // 3: crisp.options.v1.SandboxOptions.sysctls:type_name -> crisp.options.v1.SandboxOptions.SysctlsEntry
+	0,  // 4: crisp.options.v1.SandboxOptions.uts:type_name -> crisp.options.v1.NamespaceMode
+	2,  // 5: crisp.options.v1.SandboxOptions.userns:type_name -> crisp.options.v1.UserNamespace
+	3,  // 6: crisp.options.v1.UserNamespace.uids:type_name -> crisp.options.v1.IDMapping
+	3,  // 7: crisp.options.v1.UserNamespace.gids:type_name -> crisp.options.v1.IDMapping
+	8,  // [8:8] is the sub-list for method output_type
+	8,  // [8:8] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_api_options_v1_options_proto_init() }
@@ -638,7 +779,7 @@ func file_api_options_v1_options_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_options_v1_options_proto_rawDesc), len(file_api_options_v1_options_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   9,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
