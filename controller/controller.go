@@ -228,9 +228,12 @@ func (c *Controller) Create(ctx context.Context, spec Spec) (_ *Status, retErr e
 		return nil, fmt.Errorf("create bundle for pod %s: %w", spec.ID, err)
 	}
 
-	// 3. The network namespace, pinned so it outlives any process.
+	// 3. The network namespace, pinned so it outlives any process. A pod with a user
+	// namespace gets its network namespace from its pause process instead (owned by
+	// the pod's user namespace); it is pinned once the sandbox has started.
 	t0 := time.Now()
-	if !spec.HostNetwork {
+	usernsNet := !spec.HostNetwork && spec.Sandbox.GetUserns() != nil
+	if !spec.HostNetwork && !usernsNet {
 		path, err := netns.New(c.opts.netnsDir(), spec.ID)
 		if err != nil {
 			return nil, fmt.Errorf("create network namespace for pod %s: %w", spec.ID, err)
@@ -246,20 +249,36 @@ func (c *Controller) Create(ctx context.Context, spec Spec) (_ *Status, retErr e
 	netDone := make(chan error, 1)
 	var netRes *network.Result
 	var netTime time.Duration
-	if spec.HostNetwork {
+	setupNet := func() {
+		res, err := c.net.Setup(ctx, sb.rec.Pod)
+		netRes, netTime = res, time.Since(t1)
+		netDone <- err
+	}
+	switch {
+	case spec.HostNetwork:
 		netDone <- nil
-	} else {
-		go func() {
-			res, err := c.net.Setup(ctx, sb.rec.Pod)
-			netRes, netTime = res, time.Since(t1)
-			netDone <- err
-		}()
+	case usernsNet:
+		// CNI needs the namespace the pause process makes: after the shim.
+	default:
+		go setupNet()
 	}
 	shimErr := c.startShim(ctx, sb, spec)
 	shimTime := time.Since(t1)
+	if usernsNet {
+		if shimErr != nil {
+			netDone <- nil
+		} else if path, err := netns.Pin(c.opts.netnsDir(), spec.ID, int(sb.rec.Pid)); err != nil {
+			netDone <- fmt.Errorf("pin network namespace of pod %s (pause pid %d): %w", spec.ID, sb.rec.Pid, err)
+		} else if path != sb.rec.NetNS {
+			netDone <- fmt.Errorf("network namespace of pod %s pinned at %s, expected %s", spec.ID, path, sb.rec.NetNS)
+		} else {
+			setupNet()
+		}
+	}
 	netErr := <-netDone
 	c.log.Debug("pod sandbox created", "pod", spec.ID, "netns", t1.Sub(t0), "cni", netTime, "shim", shimTime)
-	if netRes != nil || netErr == nil {
+	// A userns pod whose sandbox never started never ran CNI: nothing to tear down.
+	if (netRes != nil || netErr == nil) && (!usernsNet || netTime > 0) {
 		sb.rec.NetworkDone = true
 	}
 	if err := errors.Join(shimErr, netErr); err != nil {
@@ -312,6 +331,11 @@ func (c *Controller) startShim(ctx context.Context, sb *sandbox, spec Spec) erro
 	if spec.HostNetwork {
 		opts.Network = options.NamespaceMode_NODE
 	}
+	netnsPath := sb.rec.NetNS
+	if opts.GetUserns() != nil {
+		// The pause process makes it; the controller pins it at rec.NetNS afterwards.
+		netnsPath = ""
+	}
 	anyOpts, err := anypb.New(opts)
 	if err != nil {
 		return fmt.Errorf("encode sandbox options: %w", err)
@@ -320,7 +344,7 @@ func (c *Controller) startShim(ctx context.Context, sb *sandbox, spec Spec) erro
 		SandboxID:   spec.ID,
 		BundlePath:  sb.rec.Bundle,
 		Options:     anyOpts,
-		NetnsPath:   sb.rec.NetNS,
+		NetnsPath:   netnsPath,
 		Annotations: spec.Annotations,
 	}); err != nil {
 		return fmt.Errorf("create sandbox %s in shim: %w", spec.ID, fromShim(err))

@@ -57,6 +57,81 @@ func New(dir, name string) (path string, err error) {
 	return path, nil
 }
 
+// Pin pins the network namespace of process pid at dir/name, with lo up, and returns
+// that path. It is for namespaces a pod makes itself: a pod with a user namespace has
+// its pause process create the network namespace inside it, so that the namespace is
+// owned by the pod's user namespace; CNI then configures it through this pin.
+func Pin(dir, name string, pid int) (path string, err error) {
+	if err := validName(name); err != nil {
+		return "", err
+	}
+	if pid <= 0 {
+		return "", fmt.Errorf("pin netns of pid %d: invalid pid", pid)
+	}
+	if err := ensureSharedDir(dir); err != nil {
+		return "", err
+	}
+	// Opened first so that a pid reused between here and the mount cannot be pinned:
+	// the fd names the namespace of the process that is alive now.
+	src, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", fmt.Errorf("open network namespace of pid %d: %w", pid, err)
+	}
+	defer unix.Close(src)
+	path = filepath.Join(dir, name)
+	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o444)
+	if err != nil {
+		return "", fmt.Errorf("create netns pin %s: %w", path, err)
+	}
+	f.Close()
+	defer func() {
+		if err != nil {
+			if rerr := Remove(path); rerr != nil {
+				err = fmt.Errorf("%w (cleanup: %v)", err, rerr)
+			}
+		}
+	}()
+	errc := make(chan error, 1)
+	go func() {
+		// Never unlocked, as in New.
+		runtime.LockOSThread()
+		errc <- pinExistingNS(src, path)
+	}()
+	if err = <-errc; err != nil {
+		return "", err
+	}
+	return path, nil
+}
+
+// pinExistingNS enters the namespace src on a locked thread, brings lo up (the
+// namespace is new: nothing else will) and bind-mounts it onto path.
+func pinExistingNS(src int, path string) (err error) {
+	orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open current network namespace: %w", err)
+	}
+	defer unix.Close(orig)
+	if err := unix.Setns(src, unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("enter network namespace: %w", err)
+	}
+	defer func() {
+		if serr := unix.Setns(orig, unix.CLONE_NEWNET); serr != nil && err == nil {
+			err = fmt.Errorf("return to the original network namespace: %w", serr)
+		}
+	}()
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("find lo in network namespace: %w", err)
+	}
+	if err := netlink.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("bring lo up in network namespace: %w", err)
+	}
+	if err := unix.Mount("/proc/thread-self/ns/net", path, "none", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind-mount network namespace onto %s: %w", path, err)
+	}
+	return nil
+}
+
 // pinNewNS must run on a locked thread that is thrown away afterwards.
 func pinNewNS(path string) (err error) {
 	// The thread also goes back to where it came from: if it is the main thread, Go

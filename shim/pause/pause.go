@@ -54,12 +54,28 @@ type Config struct {
 	Sysctls map[string]string
 	// NewIPC, NewUTS and NewPID unshare the corresponding namespaces.
 	NewIPC, NewUTS, NewPID bool
+	// NewNet gives the process a new network namespace (NetNSPath must be empty).
+	NewNet bool
+	// UserNS, when set, puts the process in a new user namespace with these mappings.
+	// It is created first, in the same clone, so it owns every other new namespace:
+	// the pod's root can then mount sysfs and proc, and set the pod's sysctls.
+	UserNS *IDMap
 	// ReadyTimeout defaults to DefaultReadyTimeout.
 	ReadyTimeout time.Duration
 	// Executable defaults to /proc/self/exe, which carries the constructor.
 	Executable string
 	// Runner defaults to exec.Cmd's own Start and Wait.
 	Runner Runner
+}
+
+// IDMap is a user namespace's mapping: container id 0 onwards to host ids.
+type IDMap struct {
+	UID, GID Range
+}
+
+// Range maps Size ids from container id 0 to HostID onwards.
+type Range struct {
+	HostID, Size uint32
 }
 
 // Process is a running (or exited) pause process.
@@ -110,6 +126,24 @@ func Start(ctx context.Context, cfg Config) (*Process, error) {
 	if cfg.NewPID {
 		flags |= unix.CLONE_NEWPID
 	}
+	if cfg.NewNet {
+		if cfg.NetNSPath != "" {
+			return nil, errors.New("pause: a new network namespace and a netns path to join exclude each other")
+		}
+		flags |= unix.CLONE_NEWNET
+	}
+	attr := &syscall.SysProcAttr{Cloneflags: flags, Setsid: true}
+	if u := cfg.UserNS; u != nil {
+		// clone(CLONE_NEWUSER|...) creates the user namespace before the others, so
+		// they are owned by it. Go writes uid_map and gid_map from this (root) process
+		// before the child runs on. setgroups stays allowed: the decision is made once
+		// per user namespace, and the containers that join it later call setgroups(2)
+		// for their supplemental groups.
+		attr.Cloneflags |= unix.CLONE_NEWUSER
+		attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(u.UID.HostID), Size: int(u.UID.Size)}}
+		attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(u.GID.HostID), Size: int(u.GID.Size)}}
+		attr.GidMappingsEnableSetgroups = true
+	}
 	cmd := &exec.Cmd{
 		Path: exe,
 		Args: []string{"crisp-pause"},
@@ -119,7 +153,7 @@ func Start(ctx context.Context, cfg Config) (*Process, error) {
 		ExtraFiles: []*os.File{w},
 		// Setsid detaches it from the shim's session so it outlives the shim (kept
 		// for recovery); no Pdeathsig for the same reason.
-		SysProcAttr: &syscall.SysProcAttr{Cloneflags: flags, Setsid: true},
+		SysProcAttr: attr,
 	}
 	err = runner.Start(cmd)
 	w.Close()

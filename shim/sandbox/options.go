@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
+	"github.com/crisp-runtime/crisp/shim/pause"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -22,9 +23,14 @@ type podSpec struct {
 	newIPC    bool
 	newUTS    bool
 	newPID    bool
-	cgroup    CgroupConfig
-	oomScore  int
-	modes     string // for status info: "network=pod,pid=pod,..."
+	// newNet: the pause process makes the pod's network namespace itself, inside the
+	// pod's user namespace (userns pods only).
+	newNet bool
+	// userns is the pod's user namespace mapping; nil keeps the host's.
+	userns   *pause.IDMap
+	cgroup   CgroupConfig
+	oomScore int
+	modes    string // for status info: "network=pod,pid=pod,..."
 }
 
 const (
@@ -83,12 +89,19 @@ func buildSpec(id, netnsPath string, o *optionsv1.SandboxOptions) (podSpec, erro
 			return spec, invalid("%s namespace mode CONTAINER is not supported", name)
 		}
 	}
+	if u := o.GetUserns(); u != nil {
+		m, err := checkUserNS(u, netnsPath, o)
+		if err != nil {
+			return spec, err
+		}
+		spec.userns, spec.newNet = &m, true
+	}
 	spec.newIPC = o.GetIpc() != optionsv1.NamespaceMode_NODE
 	spec.newUTS = o.GetUts() != optionsv1.NamespaceMode_NODE
 	spec.newPID = o.GetPid() != optionsv1.NamespaceMode_NODE
 	// Without a netns path the pod stays in the host network, whatever the mode says.
 	network := "node"
-	if netnsPath != "" {
+	if netnsPath != "" || spec.newNet {
 		network = "pod"
 	}
 	spec.modes = fmt.Sprintf("network=%s,pid=%s,ipc=%s,uts=%s", network,
@@ -114,7 +127,7 @@ func buildSpec(id, netnsPath string, o *optionsv1.SandboxOptions) (podSpec, erro
 	}
 
 	for k, v := range o.GetSysctls() {
-		if err := checkSysctl(k, v, netnsPath != "", spec.newIPC, spec.newUTS); err != nil {
+		if err := checkSysctl(k, v, netnsPath != "" || spec.newNet, spec.newIPC, spec.newUTS); err != nil {
 			return spec, err
 		}
 		spec.sysctls[k] = v
@@ -203,4 +216,35 @@ func checkSysctl(k, v string, ownNet, ownIPC, ownUTS bool) error {
 		return invalid("sysctl %q is not namespaced: setting it would change the host", k)
 	}
 	return nil
+}
+
+// checkUserNS validates a pod's user namespace as the pause process will create it:
+// one uid and one gid range that map container id 0 and fit in 32 bits (criserver
+// checked the CRI request already; the shim is also driven by other callers). The pod's
+// network, IPC, UTS and PID namespaces are all created inside it, so none may be the
+// host's, and the network namespace is the pause's own: one made by the caller on the
+// host would be owned by the initial user namespace, and the pod's root could then not
+// mount sysfs or change its own network settings.
+func checkUserNS(u *optionsv1.UserNamespace, netnsPath string, o *optionsv1.SandboxOptions) (pause.IDMap, error) {
+	var m pause.IDMap
+	if len(u.GetUids()) != 1 || len(u.GetGids()) != 1 {
+		return m, invalid("user namespace: want exactly one uid and one gid mapping, got %d and %d", len(u.GetUids()), len(u.GetGids()))
+	}
+	for kind, r := range map[string]*optionsv1.IDMapping{"uid": u.GetUids()[0], "gid": u.GetGids()[0]} {
+		if r.GetSize() == 0 || r.GetContainerId() != 0 || uint64(r.GetHostId())+uint64(r.GetSize()) > 1<<32-1 {
+			return m, invalid("user namespace %s mapping %d:%d:%d: want container id 0, a length > 0 and host ids below 2^32-1",
+				kind, r.GetContainerId(), r.GetHostId(), r.GetSize())
+		}
+	}
+	if netnsPath != "" {
+		return m, invalid("netns_path %q given for a pod with a user namespace: its network namespace is created by the pause process, inside the user namespace", netnsPath)
+	}
+	for name, mode := range map[string]optionsv1.NamespaceMode{"network": o.GetNetwork(), "ipc": o.GetIpc(), "uts": o.GetUts(), "pid": o.GetPid()} {
+		if mode == optionsv1.NamespaceMode_NODE {
+			return m, invalid("%s namespace mode NODE is not possible with a user namespace", name)
+		}
+	}
+	m.UID = pause.Range{HostID: u.GetUids()[0].GetHostId(), Size: u.GetUids()[0].GetSize()}
+	m.GID = pause.Range{HostID: u.GetGids()[0].GetHostId(), Size: u.GetGids()[0].GetSize()}
+	return m, nil
 }

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"runtime"
@@ -206,6 +207,8 @@ func (s *Service) StartSandbox(ctx context.Context, req *sandboxapi.StartSandbox
 		NewIPC:    spec.newIPC,
 		NewUTS:    spec.newUTS,
 		NewPID:    spec.newPID,
+		NewNet:    spec.newNet,
+		UserNS:    spec.userns,
 		Runner:    s.runner,
 	})
 	if err != nil {
@@ -390,6 +393,9 @@ func (s *Service) SandboxStatus(ctx context.Context, req *sandboxapi.SandboxStat
 		resp.Info["namespaces"] = sb.spec.modes
 		resp.Info["netns_path"] = sb.spec.netnsPath
 		resp.Info["hostname"] = sb.spec.hostname
+		if u := sb.spec.userns; u != nil {
+			resp.Info["userns"] = fmt.Sprintf("uid=0:%d:%d,gid=0:%d:%d", u.UID.HostID, u.UID.Size, u.GID.HostID, u.GID.Size)
+		}
 		resp.Info["bundle"] = s.bundle
 		resp.Info["cgroup_driver"] = sb.spec.cgroup.Driver
 		resp.Info["pause_start_time"] = strconv.FormatUint(sb.state.PauseStartTime, 10)

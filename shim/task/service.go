@@ -234,7 +234,7 @@ func (s *Service) Create(ctx context.Context, req *taskv3.CreateTaskRequest) (_ 
 		for _, m := range ms {
 			mounts = append(mounts, mount.Mount{Type: m.GetType(), Source: m.GetSource(), Options: m.GetOptions()})
 		}
-		if err := mount.All(mounts, rootfs); err != nil {
+		if err := mountRootfs(spec, mounts, rootfs); err != nil {
 			_ = os.Remove(rootfs)
 			return nil, internal("mount rootfs of container %q: %v", id, err)
 		}

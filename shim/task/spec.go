@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/crisp-runtime/crisp/mount"
 	"github.com/opencontainers/cgroups"
 	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runc/libcontainer/configs"
@@ -265,4 +266,32 @@ func updateResources(cur *cgroups.Resources, r *specs.LinuxResources) *cgroups.R
 		res.Unified = r.Unified
 	}
 	return &res
+}
+
+// mountRootfs mounts the container's rootfs at target. A container that joins a user
+// namespace (the pod's: /proc/<pause pid>/ns/user) gets idmapped layers, so that the
+// image's files, owned by root on disk, are owned by root inside the container, and
+// what it writes is stored with its in-container ids; without a user namespace the
+// layers are mounted as they are.
+func mountRootfs(spec *specs.Spec, ms []mount.Mount, target string) error {
+	path := ""
+	if spec.Linux != nil {
+		for _, ns := range spec.Linux.Namespaces {
+			if ns.Type == specs.UserNamespace {
+				path = ns.Path
+			}
+		}
+	}
+	if path == "" {
+		return mount.All(ms, target)
+	}
+	pid, err := mount.UserNSPid(path)
+	if err != nil {
+		return fmt.Errorf("idmapped rootfs needs a user namespace to join: %w", err)
+	}
+	uid, gid, err := mount.HostRootIDs(pid)
+	if err != nil {
+		return fmt.Errorf("idmapped rootfs: %w", err)
+	}
+	return mount.AllIDMapped(ms, target, mount.IDMap{UserNS: path, RootUID: uid, RootGID: gid})
 }

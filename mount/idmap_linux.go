@@ -1,0 +1,247 @@
+package mount
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// IDMap says how to idmap a rootfs for a container in a user namespace.
+type IDMap struct {
+	// UserNS is the user namespace file (/proc/<pid>/ns/user) whose mapping the
+	// idmapped mounts use.
+	UserNS string
+	// RootUID and RootGID are the host ids of the namespace's root (container id 0).
+	// The overlay is mounted with these as its filesystem ids, because overlayfs
+	// creates its work directory and copies up with the mounter's credentials, and
+	// through an idmapped upper layer only mapped ids can create files.
+	RootUID, RootGID uint32
+}
+
+// AllIDMapped mounts ms on target like All, but with idmapped layers (Linux 5.19+):
+// every overlay lowerdir and the directory holding upperdir and workdir are cloned as
+// detached mounts (open_tree(OPEN_TREE_CLONE)), idmapped with the user namespace
+// (mount_setattr(MOUNT_ATTR_IDMAP)) and given to overlayfs as /proc/self/fd/N paths; a
+// bind mount is cloned and idmapped the same way and attached with move_mount. The
+// files, owned on disk by 0..n, then appear owned by the namespace's host range, that
+// is by 0..n inside the container, and what the container writes lands on disk with its
+// in-container ids. This is containerd 2.1's approach. The detached clones never appear
+// in any mount table: overlayfs takes private references to its layers, and closing
+// the file descriptors frees the rest, so unmounting target is all the cleanup needed.
+func AllIDMapped(ms []Mount, target string, idmap IDMap) (retErr error) {
+	userns, err := unix.Open(idmap.UserNS, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open user namespace %s: %w", idmap.UserNS, err)
+	}
+	defer unix.Close(userns)
+	var done int
+	defer func() {
+		if retErr != nil && done > 0 {
+			_ = Unmount(target)
+		}
+	}()
+	for _, m := range ms {
+		var err error
+		switch {
+		case m.Type == "overlay":
+			err = mountIDMappedOverlay(m, target, userns, idmap)
+		case isBind(m.Options):
+			err = mountIDMappedBind(m, target, userns)
+		default:
+			err = fmt.Errorf("mount %s %s: only overlay and bind mounts can be idmapped", m.Type, m.Source)
+		}
+		if err != nil {
+			return err
+		}
+		done++
+	}
+	return nil
+}
+
+func isBind(options []string) bool {
+	flags, _ := parse(options)
+	return flags&unix.MS_BIND != 0
+}
+
+// idmappedTree returns a detached, idmapped clone of the mount at path (only the mount
+// itself: lower layers and snapshot directories have no submounts).
+func idmappedTree(path string, userns int) (int, error) {
+	fd, err := unix.OpenTree(unix.AT_FDCWD, path, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("open_tree %s: %w", path, err)
+	}
+	attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(userns)}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, attr); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("idmap %s: %w", path, err)
+	}
+	return fd, nil
+}
+
+func fdPath(fd int) string { return fmt.Sprintf("/proc/self/fd/%d", fd) }
+
+func mountIDMappedOverlay(m Mount, target string, userns int, idmap IDMap) error {
+	flags, data := parse(m.Options)
+	var lowers []string
+	var upper, work string
+	var rest []string
+	for _, o := range strings.Split(data, ",") {
+		switch {
+		case strings.HasPrefix(o, "lowerdir="):
+			lowers = strings.Split(strings.TrimPrefix(o, "lowerdir="), ":")
+		case strings.HasPrefix(o, "upperdir="):
+			upper = strings.TrimPrefix(o, "upperdir=")
+		case strings.HasPrefix(o, "workdir="):
+			work = strings.TrimPrefix(o, "workdir=")
+		case o != "":
+			rest = append(rest, o)
+		}
+	}
+	if len(lowers) == 0 {
+		return fmt.Errorf("idmapped overlay on %s: no lowerdir in %v", target, m.Options)
+	}
+	if (upper == "") != (work == "") {
+		return fmt.Errorf("idmapped overlay on %s: upperdir and workdir go together (%v)", target, m.Options)
+	}
+	var fds []int
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
+	tree := func(path string) (string, error) {
+		fd, err := idmappedTree(path, userns)
+		if err != nil {
+			return "", err
+		}
+		fds = append(fds, fd)
+		return fdPath(fd), nil
+	}
+	opts := make([]string, 0, len(rest)+3)
+	if upper != "" {
+		// overlayfs wants upperdir and workdir on one mount: clone their common parent
+		// (the snapshot directory) once.
+		parent := filepath.Dir(upper)
+		if filepath.Dir(work) != parent {
+			return fmt.Errorf("idmapped overlay on %s: upperdir %s and workdir %s must share a parent directory", target, upper, work)
+		}
+		p, err := tree(parent)
+		if err != nil {
+			return err
+		}
+		opts = append(opts, "upperdir="+p+"/"+filepath.Base(upper), "workdir="+p+"/"+filepath.Base(work))
+	}
+	idmapped := make([]string, len(lowers))
+	for i, l := range lowers {
+		p, err := tree(l)
+		if err != nil {
+			return err
+		}
+		idmapped[i] = p
+	}
+	opts = append(opts, "lowerdir="+strings.Join(idmapped, ":"))
+	opts = append(opts, rest...)
+	optString := strings.Join(opts, ",")
+
+	// On a thread of its own with the filesystem ids of the namespace's root: overlayfs
+	// keeps the mounter's credentials for its own work (work dir, copy-up), and host
+	// root is not mapped in the idmapped upper layer (EOVERFLOW). setfsuid clears the
+	// file capabilities from the effective set; they are raised again from the
+	// permitted set so that copy-up may still read any file, as with a normal overlay.
+	// The thread is never unlocked, so Go discards it afterwards.
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		errc <- mountAsIDs(optString, target, flags, idmap.RootUID, idmap.RootGID)
+	}()
+	if err := <-errc; err != nil {
+		return fmt.Errorf("mount idmapped overlay on %s (lowers %v, upper %s): %w", target, lowers, upper, err)
+	}
+	return nil
+}
+
+// mountAsIDs must run on a locked thread that is thrown away afterwards.
+func mountAsIDs(data, target string, flags uintptr, uid, gid uint32) error {
+	// setfsuid/setfsgid return the previous id and cannot fail visibly; the result is
+	// checked by asking for the current one (-1 leaves it unchanged).
+	unix.Setfsgid(int(gid))
+	unix.Setfsuid(int(uid))
+	if cur, _ := unix.SetfsuidRetUid(-1); cur != int(uid) {
+		return fmt.Errorf("setfsuid %d: still %d", uid, cur)
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var caps [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &caps[0]); err != nil {
+		return fmt.Errorf("capget: %w", err)
+	}
+	caps[0].Effective, caps[1].Effective = caps[0].Permitted, caps[1].Permitted
+	if err := unix.Capset(&hdr, &caps[0]); err != nil {
+		return fmt.Errorf("capset: %w", err)
+	}
+	if err := unix.Mount("overlay", target, "overlay", flags, data); err != nil {
+		return err
+	}
+	return nil
+}
+
+func mountIDMappedBind(m Mount, target string, userns int) error {
+	flags, _ := parse(m.Options)
+	fd, err := idmappedTree(m.Source, userns)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if flags&unix.MS_RDONLY != 0 {
+		if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}); err != nil {
+			return fmt.Errorf("make idmapped %s read-only: %w", m.Source, err)
+		}
+	}
+	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("attach idmapped %s on %s: %w", m.Source, target, err)
+	}
+	return nil
+}
+
+// HostRootIDs reads the host uid and gid that container id 0 maps to in the user
+// namespace of process pid (from /proc/<pid>/uid_map and gid_map).
+func HostRootIDs(pid int) (uid, gid uint32, err error) {
+	read := func(file string) (uint32, error) {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", pid, file))
+		if err != nil {
+			return 0, err
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			var inside, outside, size uint32
+			if n, _ := fmt.Sscan(line, &inside, &outside, &size); n == 3 && inside == 0 && size > 0 {
+				return outside, nil
+			}
+		}
+		return 0, fmt.Errorf("/proc/%d/%s maps no id 0", pid, file)
+	}
+	if uid, err = read("uid_map"); err != nil {
+		return 0, 0, err
+	}
+	if gid, err = read("gid_map"); err != nil {
+		return 0, 0, err
+	}
+	return uid, gid, nil
+}
+
+// errNotIDMapped is returned by UserNSPid for a path that does not name a process's
+// user namespace.
+var errNotIDMapped = errors.New("not a /proc/<pid>/ns/user path")
+
+// UserNSPid extracts pid from a /proc/<pid>/ns/user path, the form in which OCI specs
+// name a user namespace to join.
+func UserNSPid(path string) (int, error) {
+	var pid int
+	if n, err := fmt.Sscanf(path, "/proc/%d/ns/user", &pid); n != 1 || err != nil || pid <= 0 || fmt.Sprintf("/proc/%d/ns/user", pid) != path {
+		return 0, fmt.Errorf("user namespace %q: %w", path, errNotIDMapped)
+	}
+	return pid, nil
+}

@@ -1,0 +1,144 @@
+package mount
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// userNSProcess starts a process in a new user namespace mapping 0 -> 100000 (65536
+// ids) and returns its pid; it is killed when the test ends.
+func userNSProcess(t *testing.T) int {
+	t.Helper()
+	cmd := exec.Command("sleep", "60")
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  unix.CLONE_NEWUSER,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 100000, Size: 65536}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 100000, Size: 65536}},
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	return cmd.Process.Pid
+}
+
+func owner(t *testing.T, path string) uint32 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Uid
+}
+
+// TestAllIDMappedOverlay: through idmapped layers the root-owned lower files appear
+// owned by the namespace's root (host 100000); a file created by host uid 100000 (the
+// container's root) is stored as 0 in the upper dir; and once the overlay is unmounted
+// no mount is left (the idmapped clones were never attached anywhere).
+func TestAllIDMappedOverlay(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting needs root")
+	}
+	pid := userNSProcess(t)
+	uid, gid, err := HostRootIDs(pid)
+	if err != nil || uid != 100000 || gid != 100000 {
+		t.Fatalf("HostRootIDs = %d, %d, %v; want 100000, 100000", uid, gid, err)
+	}
+	dir := t.TempDir()
+	// Traversable by host uid 100000, which writes below.
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range []string{"l1", "l2", "snap/fs", "snap/work", "merged"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "l1/a"), []byte("a"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "l2/b"), []byte("b"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(filepath.Join(dir, "l2/b"), 1000, 1000); err != nil {
+		t.Fatal(err)
+	}
+	merged := filepath.Join(dir, "merged")
+	ms := []Mount{{Type: "overlay", Source: "overlay", Options: []string{
+		"workdir=" + filepath.Join(dir, "snap/work"), "upperdir=" + filepath.Join(dir, "snap/fs"),
+		"lowerdir=" + filepath.Join(dir, "l1") + ":" + filepath.Join(dir, "l2"), "index=off"}}}
+	if err := AllIDMapped(ms, merged, IDMap{UserNS: fmt.Sprintf("/proc/%d/ns/user", pid), RootUID: uid, RootGID: gid}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = Unmount(merged) })
+	if got := owner(t, filepath.Join(merged, "a")); got != 100000 {
+		t.Errorf("lower file a owned by %d on the host through the overlay, want 100000", got)
+	}
+	if got := owner(t, filepath.Join(merged, "b")); got != 101000 {
+		t.Errorf("lower file b (1000 on disk) owned by %d, want 101000", got)
+	}
+	// The container's root is host uid 100000: write as that.
+	cmd := exec.Command("sh", "-c", "echo x > "+filepath.Join(merged, "new")+" && echo y >> "+filepath.Join(merged, "a"))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 100000, Gid: 100000}}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("write as host uid 100000: %v: %s", err, out)
+	}
+	if got := owner(t, filepath.Join(merged, "new")); got != 100000 {
+		t.Errorf("new file owned by %d through the overlay, want 100000", got)
+	}
+	for _, f := range []string{"new", "a"} {
+		if got := owner(t, filepath.Join(dir, "snap/fs", f)); got != 0 {
+			t.Errorf("%s owned by %d in the upper dir on disk, want 0 (the in-container id)", f, got)
+		}
+	}
+	if err := Unmount(merged); err != nil {
+		t.Fatal(err)
+	}
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(mi), dir) {
+		t.Errorf("mounts under %s left after unmount:\n%s", dir, mi)
+	}
+}
+
+func TestAllIDMappedBind(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting needs root")
+	}
+	pid := userNSProcess(t)
+	src, dst := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "f"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := AllIDMapped([]Mount{{Type: "bind", Source: src, Options: []string{"rbind", "ro"}}}, dst, IDMap{UserNS: fmt.Sprintf("/proc/%d/ns/user", pid)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer Unmount(dst)
+	if got := owner(t, filepath.Join(dst, "f")); got != 100000 {
+		t.Errorf("f owned by %d through the idmapped bind, want 100000", got)
+	}
+	if err := os.WriteFile(filepath.Join(dst, "g"), nil, 0o644); err == nil {
+		t.Error("write to a read-only idmapped bind succeeded")
+	}
+}
+
+func TestUserNSPid(t *testing.T) {
+	for path, want := range map[string]int{"/proc/42/ns/user": 42, "/proc/self/ns/user": 0, "/proc/42/ns/net": 0, "/proc/42/ns/user/x": 0, "/run/userns": 0} {
+		got, err := UserNSPid(path)
+		if got != want || (want == 0) != (err != nil) {
+			t.Errorf("UserNSPid(%q) = %d, %v; want %d", path, got, err, want)
+		}
+	}
+}
