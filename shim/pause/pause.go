@@ -143,6 +143,10 @@ func Start(ctx context.Context, cfg Config) (*Process, error) {
 		attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(u.UID.HostID), Size: int(u.UID.Size)}}
 		attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(u.GID.HostID), Size: int(u.GID.Size)}}
 		attr.GidMappingsEnableSetgroups = true
+		// The child keeps the shim's kuid 0 unless told otherwise, and that is not
+		// mapped in the new namespace: execve would then drop every capability. So it
+		// becomes the namespace's root (and drops the host's supplementary groups).
+		attr.Credential = &syscall.Credential{Uid: 0, Gid: 0}
 	}
 	cmd := &exec.Cmd{
 		Path: exe,
