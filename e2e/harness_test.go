@@ -21,6 +21,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/crisp-runtime/crisp/version"
 )
 
 // binDir holds the binaries built once for all tests.
@@ -55,14 +57,12 @@ func buildBinaries(t *testing.T) string {
 		}
 		_, file, _, _ := runtime.Caller(0)
 		root := filepath.Dir(filepath.Dir(file))
-		for _, b := range []string{"criserver", "shim-runc"} {
-			cmd := exec.Command("go", "build", "-tags", "seccomp", "-o", filepath.Join(binDir, b), "./cmd/"+b)
-			cmd.Dir = root
-			cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
-			if out, err := cmd.CombinedOutput(); err != nil {
-				buildErr = fmt.Errorf("build %s: %v\n%s", b, err, out)
-				return
-			}
+		// make, so that the tests run the binaries as `make build` links them.
+		cmd := exec.Command("make", "-s", "build", "BINDIR="+binDir, "VERSION="+version.Version)
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("make build: %v\n%s", err, out)
+			return
 		}
 	})
 	if buildErr != nil {

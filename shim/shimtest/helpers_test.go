@@ -19,6 +19,7 @@ import (
 	bootstrap "github.com/containerd/containerd/api/runtime/bootstrap/v1"
 	"github.com/containerd/ttrpc"
 	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
+	"github.com/crisp-runtime/crisp/version"
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/shim/sandbox"
 	"golang.org/x/sys/unix"
@@ -50,9 +51,9 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	build := exec.Command("go", "build", "-tags", "seccomp", "-o", shimBin, "./cmd/shim-runc")
+	// make, so that the tests run the shim as `make build` links it (static).
+	build := exec.Command("make", "-s", "shim", "BINDIR="+dir, "VERSION="+version.Version)
 	build.Dir = root
-	build.Env = append(os.Environ(), "CGO_ENABLED=1")
 	if out, err := build.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build shim-runc: %v\n%s", err, out)
 		return 1
