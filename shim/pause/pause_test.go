@@ -123,3 +123,70 @@ func TestStartReportsErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestStartUserNS: with UserNS the pause process is root of a new user namespace that
+// maps 0 -> 100000, and its network, IPC, UTS and PID namespaces belong to that user
+// namespace, so it can set the hostname and a network sysctl in them.
+func TestStartUserNS(t *testing.T) {
+	needRoot(t)
+	ctx := context.Background()
+	cfg := Config{
+		NewIPC: true, NewUTS: true, NewPID: true, NewNet: true,
+		UserNS:   &IDMap{UID: Range{HostID: 100000, Size: 65536}, GID: Range{HostID: 100000, Size: 65536}},
+		Hostname: "userns-pause",
+		Sysctls:  map[string]string{"net.ipv4.ip_unprivileged_port_start": "80", "kernel.shm_rmid_forced": "1"},
+	}
+	p, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Stop(ctx, 0) })
+	uidMap, err := os.ReadFile(fmt.Sprintf("/proc/%d/uid_map", p.Pid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Fields(string(uidMap)); strings.Join(got, " ") != "0 100000 65536" {
+		t.Errorf("uid_map = %q, want 0 100000 65536", uidMap)
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.Pid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(status), "\nUid:\t100000\t100000\t100000\t100000\n") {
+		t.Errorf("pause process is not the namespace's root (host uid 100000):\n%s", status)
+	}
+	userns := nsInode(t, p.Pid(), "user")
+	if userns == nsInode(t, os.Getpid(), "user") {
+		t.Fatal("pause shares the host user namespace")
+	}
+	for _, kind := range []string{"net", "ipc", "uts", "pid_for_children"} {
+		fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/%s", p.Pid(), kind), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		owner, err := unix.IoctlRetInt(fd, unix.NS_GET_USERNS)
+		unix.Close(fd)
+		if err != nil {
+			t.Fatalf("NS_GET_USERNS %s: %v", kind, err)
+		}
+		var st unix.Stat_t
+		err = unix.Fstat(owner, &st)
+		unix.Close(owner)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Ino != userns {
+			t.Errorf("%s namespace is owned by user namespace %d, want the pod's %d", kind, st.Ino, userns)
+		}
+	}
+	if got := nsenter(t, p.Pid(), "-u", "hostname"); got != cfg.Hostname {
+		t.Errorf("hostname = %q, want %q", got, cfg.Hostname)
+	}
+	if got := nsenter(t, p.Pid(), "-n", "cat", "/proc/sys/net/ipv4/ip_unprivileged_port_start"); got != "80" {
+		t.Errorf("net sysctl in pod = %q, want 80", got)
+	}
+
+	if _, err := Start(ctx, Config{NewNet: true, NetNSPath: "/proc/self/ns/net"}); err == nil {
+		t.Error("Start with NewNet and a netns path succeeded")
+	}
+}

@@ -8,6 +8,11 @@ import (
 	"google.golang.org/grpc/status"
 )
 
+func userns(ctr, host, size uint32) *optionsv1.UserNamespace {
+	m := []*optionsv1.IDMapping{{ContainerId: ctr, HostId: host, Size: size}}
+	return &optionsv1.UserNamespace{Uids: m, Gids: m}
+}
+
 func TestBuildSpec(t *testing.T) {
 	tests := []struct {
 		name      string
@@ -34,6 +39,14 @@ func TestBuildSpec(t *testing.T) {
 		{name: "hostname too long", id: "p1", opts: &optionsv1.SandboxOptions{Hostname: string(make([]byte, 65))}, wantErr: true},
 		{name: "relative netns", id: "p1", netns: "run/netns/x", opts: &optionsv1.SandboxOptions{}, wantErr: true},
 		{name: "negative oom below range", id: "p1", opts: &optionsv1.SandboxOptions{OomScoreAdj: -1001}, wantErr: true},
+		{name: "userns", id: "p1", opts: &optionsv1.SandboxOptions{Userns: userns(0, 100000, 65536), Sysctls: map[string]string{"net.ipv4.ip_forward": "1"}}, wantCg: "/crisp/crisp-p1", wantFlags: [3]bool{true, true, true}},
+		{name: "userns with a netns path", id: "p1", netns: "/run/netns/x", opts: &optionsv1.SandboxOptions{Userns: userns(0, 100000, 65536)}, wantErr: true},
+		{name: "userns with host pid", id: "p1", opts: &optionsv1.SandboxOptions{Userns: userns(0, 100000, 65536), Pid: optionsv1.NamespaceMode_NODE}, wantErr: true},
+		{name: "userns not mapping 0", id: "p1", opts: &optionsv1.SandboxOptions{Userns: userns(1, 100000, 65536)}, wantErr: true},
+		{name: "userns length 0", id: "p1", opts: &optionsv1.SandboxOptions{Userns: userns(0, 100000, 0)}, wantErr: true},
+		{name: "userns overflow", id: "p1", opts: &optionsv1.SandboxOptions{Userns: userns(0, 1<<32-100, 65536)}, wantErr: true},
+		{name: "userns two ranges", id: "p1", opts: &optionsv1.SandboxOptions{Userns: &optionsv1.UserNamespace{
+			Uids: []*optionsv1.IDMapping{{HostId: 1, Size: 1}, {ContainerId: 1, HostId: 5, Size: 1}}, Gids: []*optionsv1.IDMapping{{HostId: 1, Size: 1}}}}, wantErr: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -52,6 +65,9 @@ func TestBuildSpec(t *testing.T) {
 			}
 			if got := [3]bool{spec.newIPC, spec.newUTS, spec.newPID}; got != tt.wantFlags {
 				t.Errorf("new ipc/uts/pid = %v, want %v", got, tt.wantFlags)
+			}
+			if wantUserns := tt.opts.GetUserns() != nil; (spec.userns != nil) != wantUserns || spec.newNet != wantUserns {
+				t.Errorf("userns = %v, newNet = %v; want both set: %v", spec.userns, spec.newNet, wantUserns)
 			}
 		})
 	}
