@@ -37,6 +37,8 @@ deps:
 	@if ! dpkg -s $(DEPS) >/dev/null 2>&1; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEPS); \
 	fi
+	# CRIU >= 4 for checkpoint/restore; a no-op when a working criu is on PATH.
+	hack/criu.sh
 
 # run starts criserver with its defaults (socket /run/crisp/crisp.sock).
 run: deps build

@@ -38,6 +38,9 @@ type ContainerSpec struct {
 	Terminal  bool
 	// Stdin keeps the container's stdin open for Attach.
 	Stdin bool
+	// Checkpoint, when set, is a directory of CRIU images (below the state dir) the
+	// container is restored from by StartContainer; it is moved into the bundle.
+	Checkpoint string
 }
 
 // ContainerState is a container's process state as its shim reports it.
@@ -104,7 +107,11 @@ func (c *Controller) CreateContainer(ctx context.Context, cs ContainerSpec) (_ u
 	if err != nil {
 		return 0, err
 	}
-	req := &taskapi.CreateTaskRequest{ID: cs.ID, Bundle: bundle, Terminal: cs.Terminal, Options: opts}
+	images, err := moveCheckpoint(cs, bundle)
+	if err != nil {
+		return 0, err
+	}
+	req := &taskapi.CreateTaskRequest{ID: cs.ID, Bundle: bundle, Terminal: cs.Terminal, Options: opts, Checkpoint: images}
 	if cs.Stdin {
 		// A marker, not a path: the shim opens a stdin pipe it feeds from attaches.
 		req.Stdin = "stdin"

@@ -134,6 +134,15 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 	if err != nil || st.State != controller.StateReady {
 		return nil, fmt.Errorf("pod sandbox %s is not ready: %w", p.rec.ID, errdefs.ErrFailedPrecondition)
 	}
+	// A checkpoint archive as the image: the container is restored from it by Start.
+	var restore *restoreSource
+	if isCheckpointImage(cfg.GetImage().GetImage()) {
+		if restore, err = s.openCheckpoint(ctx, cfg); err != nil {
+			return nil, err
+		}
+		defer restore.close()
+		cfg = restore.config
+	}
 	img, err := s.images.Get(cfg.GetImage().GetImage())
 	if errdefs.IsNotFound(err) {
 		return nil, fmt.Errorf("image %q is not present: pull it first: %w", cfg.GetImage().GetImage(), errdefs.ErrNotFound)
@@ -175,6 +184,11 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 	for _, m := range snapMounts {
 		rootfs = append(rootfs, mount.Mount{Type: m.Type, Source: m.Source, Options: m.Options})
 	}
+	if restore != nil {
+		if err := restore.applyRootfs(ctx, s.images, id); err != nil {
+			return nil, err
+		}
+	}
 
 	// 3. The spec, with users resolved in the image's own /etc files.
 	stopSig, err := spec.StopSignal(cfg, imgSpec)
@@ -196,6 +210,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 	}
 	if _, err := s.ctrl.CreateContainer(ctx, controller.ContainerSpec{
 		ID: id, SandboxID: p.rec.ID, Spec: res.Spec, Rootfs: rootfs, LogPath: logPath, Terminal: cfg.GetTty(), Stdin: cfg.GetStdin(),
+		Checkpoint: restore.imagesDir(),
 	}); err != nil {
 		return nil, err
 	}

@@ -39,6 +39,8 @@ type container struct {
 	oom        *oomWatch      // nil if the memory cgroup cannot be watched
 	log        *slog.Logger
 	svc        *Service
+	// restore is set for a container created from a checkpoint until Start restores it.
+	restore *restoreSpec
 
 	// opMu serialises the operations that change the container (start, exec start,
 	// update, delete); status, wait and kill never wait for it.
@@ -140,6 +142,7 @@ func (c *container) killAll(sig syscall.Signal) {
 
 // stop kills the container's processes and waits until the init's exit is recorded.
 func (c *container) stop() error {
+	c.abandonRestore()
 	if !c.init.exited() {
 		// libcontainer's Signal kills every process of the cgroup for SIGKILL when
 		// the PID namespace is shared; a private one dies with its init.

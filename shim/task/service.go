@@ -173,9 +173,6 @@ func (s *Service) Create(ctx context.Context, req *taskv3.CreateTaskRequest) (_ 
 	if !validID(id) {
 		return nil, invalid("container id %q: want 1-128 characters of [A-Za-z0-9_.+-]", id)
 	}
-	if req.GetCheckpoint() != "" {
-		return nil, status.Error(codes.Unimplemented, "restoring a checkpoint is not implemented by crisp-shim-runc")
-	}
 	// 1. Reserve the id, so concurrent creates of it fail and others can proceed.
 	s.mu.Lock()
 	if s.closed {
@@ -290,12 +287,7 @@ func (s *Service) Create(ctx context.Context, req *taskv3.CreateTaskRequest) (_ 
 			}
 		}()
 	}
-	lp, err := newProcess(spec.Process)
-	if err != nil {
-		return nil, invalid("container %q: %v", id, err)
-	}
-	lp.Init = true
-	p := newProcessState("", ioConfig{
+	io := ioConfig{
 		terminal: req.GetTerminal(),
 		stdin:    req.GetStdin(),
 		stdout:   req.GetStdout(),
@@ -303,7 +295,17 @@ func (s *Service) Create(ctx context.Context, req *taskv3.CreateTaskRequest) (_ 
 		log:      c.logw,
 		// The controller sends a marker, not a FIFO, for a container with stdin.
 		stdinMarker: true,
-	})
+	}
+	if images := req.GetCheckpoint(); images != "" {
+		// Restored by Start, as containerd's runc shim does.
+		return s.prepareRestore(c, spec, images, io)
+	}
+	lp, err := newProcess(spec.Process)
+	if err != nil {
+		return nil, invalid("container %q: %v", id, err)
+	}
+	lp.Init = true
+	p := newProcessState("", io)
 	sio, err := openStdio(p.io, lp, log)
 	if err != nil {
 		return nil, internal("container %q: %v", id, err)
@@ -479,6 +481,9 @@ func (s *Service) Start(ctx context.Context, req *taskv3.StartRequest) (*taskv3.
 	}
 	if req.GetExecID() != "" {
 		return s.startExec(c, req.GetExecID())
+	}
+	if c.restore != nil {
+		return s.startRestore(ctx, c)
 	}
 	p := c.init
 	switch st, _, _ := p.state(); st {
@@ -873,11 +878,6 @@ func (s *Service) Pause(ctx context.Context, req *taskv3.PauseRequest) (*emptypb
 // Resume is not implemented yet.
 func (s *Service) Resume(ctx context.Context, req *taskv3.ResumeRequest) (*emptypb.Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "Resume is not implemented by crisp-shim-runc")
-}
-
-// Checkpoint is not implemented.
-func (s *Service) Checkpoint(ctx context.Context, req *taskv3.CheckpointTaskRequest) (*emptypb.Empty, error) {
-	return nil, status.Error(codes.Unimplemented, "Checkpoint is not implemented by crisp-shim-runc")
 }
 
 // ReopenLog reopens a container's log file (crisp.shim.v1.Shim).

@@ -1,0 +1,61 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	taskapi "github.com/containerd/containerd/api/runtime/task/v3"
+	runcoptions "github.com/containerd/containerd/api/types/runc/options"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+// CheckpointSpec says where a container's CRIU images go.
+type CheckpointSpec struct {
+	SandboxID, ID string
+	// ImagesDir receives the CRIU images (and libcontainer's descriptors.json).
+	ImagesDir string
+	// WorkDir receives CRIU's dump.log and stats-dump.
+	WorkDir string
+	// Exit stops the container after the dump; otherwise it keeps running.
+	Exit bool
+}
+
+// CheckpointContainer has the pod's shim dump a running container with CRIU. The
+// options are containerd's runc CheckpointOptions, which any runc-style shim reads.
+func (c *Controller) CheckpointContainer(ctx context.Context, cs CheckpointSpec) error {
+	tc, _, err := c.task(cs.SandboxID)
+	if err != nil {
+		return err
+	}
+	opts, err := anypb.New(&runcoptions.CheckpointOptions{Exit: cs.Exit, ImagePath: cs.ImagesDir, WorkPath: cs.WorkDir})
+	if err != nil {
+		return fmt.Errorf("encode checkpoint options: %w", err)
+	}
+	if _, err := tc.Checkpoint(ctx, &taskapi.CheckpointTaskRequest{ID: cs.ID, Path: cs.ImagesDir, Options: opts}); err != nil {
+		return fmt.Errorf("checkpoint container %s: %w", cs.ID, fromShim(err))
+	}
+	return nil
+}
+
+// ContainerBundle is the bundle directory of a container: its spec (config.json) and,
+// for a container restored from a checkpoint, the CRIU images.
+func (c *Controller) ContainerBundle(id string) string { return c.opts.containerBundle(id) }
+
+// restoreImagesDir is where a container created from a checkpoint keeps its CRIU
+// images: in its bundle, so that they go with it.
+const restoreImagesDir = "checkpoint"
+
+// moveCheckpoint moves the CRIU images of cs into its bundle and returns their path
+// there. Both are below the state dir, so it is a rename.
+func moveCheckpoint(cs ContainerSpec, bundle string) (string, error) {
+	if cs.Checkpoint == "" {
+		return "", nil
+	}
+	dst := filepath.Join(bundle, restoreImagesDir)
+	if err := os.Rename(cs.Checkpoint, dst); err != nil {
+		return "", fmt.Errorf("move checkpoint of container %s into its bundle: %w", cs.ID, err)
+	}
+	return dst, nil
+}

@@ -1,0 +1,375 @@
+package task
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	taskv3 "github.com/crisp-runtime/crisp/api/containerd/task/v3"
+	taskapi "github.com/crisp-runtime/crisp/api/containerd/types/task"
+	"github.com/opencontainers/runc/libcontainer"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/emptypb"
+)
+
+// CheckpointOptionsTypeURL is the type of the options Checkpoint accepts: containerd's
+// runc shim options, so containerd's CRI plugin and crisp's controller send the same.
+const CheckpointOptionsTypeURL = "type.googleapis.com/containerd.runc.v1.CheckpointOptions"
+
+// descriptorsFile is what libcontainer writes next to the CRIU images at checkpoint
+// time: the paths of the init's stdio, which restore maps onto the new process's pipes.
+const descriptorsFile = "descriptors.json"
+
+// checkpointOptions is containerd.runc.v1.CheckpointOptions. It is decoded by hand: the
+// generated package would add a proto registry entry and its init to every pod's shim
+// for nine scalar fields.
+type checkpointOptions struct {
+	exit, openTCP, externalUnixSockets, terminal, fileLocks bool
+	emptyNamespaces                                         []string
+	cgroupsMode, imagePath, workPath                        string
+}
+
+func decodeCheckpointOptions(a *anypb.Any) (checkpointOptions, error) {
+	var o checkpointOptions
+	if a == nil || a.GetTypeUrl() == "" {
+		return o, nil
+	}
+	if a.GetTypeUrl() != CheckpointOptionsTypeURL && !strings.HasSuffix(a.GetTypeUrl(), "/containerd.runc.v1.CheckpointOptions") {
+		return o, fmt.Errorf("options must be containerd.runc.v1.CheckpointOptions, got %q", a.GetTypeUrl())
+	}
+	b := a.GetValue()
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return o, fmt.Errorf("decode checkpoint options: %w", protowire.ParseError(n))
+		}
+		b = b[n:]
+		switch {
+		case num >= 1 && num <= 5 && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return o, fmt.Errorf("decode checkpoint options: %w", protowire.ParseError(n))
+			}
+			b = b[n:]
+			*[]*bool{&o.exit, &o.openTCP, &o.externalUnixSockets, &o.terminal, &o.fileLocks}[num-1] = v != 0
+		case num >= 6 && num <= 10 && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return o, fmt.Errorf("decode checkpoint options: %w", protowire.ParseError(n))
+			}
+			b = b[n:]
+			switch num {
+			case 6:
+				o.emptyNamespaces = append(o.emptyNamespaces, string(v))
+			case 7:
+				o.cgroupsMode = string(v)
+			case 8:
+				o.imagePath = string(v)
+			case 9:
+				o.workPath = string(v)
+			case 10:
+				return o, errors.New("parent_path (pre-dump) is not supported")
+			}
+		default:
+			n := protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return o, fmt.Errorf("decode checkpoint options: %w", protowire.ParseError(n))
+			}
+			b = b[n:]
+		}
+	}
+	return o, nil
+}
+
+// emptyNamespaceFlags maps the option's namespace names to clone flags; CRIU then
+// restores those namespaces empty instead of from the images.
+func emptyNamespaceFlags(names []string) (uint32, error) {
+	var flags uint32
+	for _, n := range names {
+		switch n {
+		case "network":
+			flags |= unix.CLONE_NEWNET
+		default:
+			return 0, fmt.Errorf("empty namespace %q: only \"network\" is supported", n)
+		}
+	}
+	return flags, nil
+}
+
+// Checkpoint dumps a running container with CRIU (libcontainer's Checkpoint) into the
+// request's path; with options.exit the container is stopped afterwards, else it keeps
+// running (what CRI-O and containerd's CRI do for kubelet's forensic checkpoints).
+func (s *Service) Checkpoint(ctx context.Context, req *taskv3.CheckpointTaskRequest) (*emptypb.Empty, error) {
+	c, err := s.get(req.GetID())
+	if err != nil {
+		return nil, err
+	}
+	opts, err := decodeCheckpointOptions(req.GetOptions())
+	if err != nil {
+		return nil, invalid("checkpoint container %q: %v", c.id, err)
+	}
+	images := req.GetPath()
+	if opts.imagePath != "" {
+		images = opts.imagePath
+	}
+	if !filepath.IsAbs(images) {
+		return nil, invalid("checkpoint container %q: image path %q must be absolute", c.id, images)
+	}
+	if opts.workPath != "" && !filepath.IsAbs(opts.workPath) {
+		return nil, invalid("checkpoint container %q: work path %q must be absolute", c.id, opts.workPath)
+	}
+	emptyNS, err := emptyNamespaceFlags(opts.emptyNamespaces)
+	if err != nil {
+		return nil, invalid("checkpoint container %q: %v", c.id, err)
+	}
+	c.opMu.Lock()
+	defer c.opMu.Unlock()
+	if c.isDeleted() {
+		return nil, notFound("container %q not found", c.id)
+	}
+	if st, _, _ := c.init.state(); st != taskapi.Status_RUNNING {
+		return nil, failedPrecondition("container %q is not running: only running containers can be checkpointed", c.id)
+	}
+	if !c.privatePID {
+		// CRIU dumps a process tree from the root of its PID namespace; a namespace
+		// shared with the pod's other processes would need all of them.
+		return nil, failedPrecondition("container %q shares a PID namespace: checkpoint needs the container's own (CRI pid namespace mode CONTAINER)", c.id)
+	}
+	// CRIU cannot be interrupted half-way without leaving the container frozen, so the
+	// deadline is checked before it starts.
+	if err := ctx.Err(); err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
+	criuOpts := &libcontainer.CriuOpts{
+		ImagesDirectory:         images,
+		WorkDirectory:           opts.workPath,
+		LeaveRunning:            !opts.exit,
+		TcpEstablished:          opts.openTCP,
+		ExternalUnixConnections: opts.externalUnixSockets,
+		// A container with a terminal is a shell job to CRIU: its pty's session leader
+		// is outside the dumped tree.
+		ShellJob:          opts.terminal || c.init.io.terminal,
+		FileLocks:         opts.fileLocks,
+		EmptyNs:           emptyNS,
+		ManageCgroupsMode: opts.cgroupsMode,
+		StatusFd:          -1,
+	}
+	start := time.Now()
+	// The deadline is enforced on CRIU itself: libcontainer's Checkpoint has no
+	// context, and a CRIU that hangs (seen on Linux 6.18 with CRIU 4.1.1, in the
+	// parasite's exit) would hold the container's lock for good.
+	stopWatch := watchCRIU(ctx, c)
+	// CRIU is a child of the shim: reaping is held off so libcontainer can wait for it.
+	err = s.reaper.StartFunc(func() ([]int, error) { return nil, c.lc.Checkpoint(criuOpts) })
+	if timedOut := stopWatch(); timedOut {
+		return nil, status.Errorf(codes.DeadlineExceeded, "checkpoint container %q: CRIU did not finish before the deadline and was killed%s",
+			c.id, criuLogTail(filepath.Join(criuLogDir(images, opts.workPath), "dump.log")))
+	}
+	if err != nil {
+		return nil, internal("checkpoint container %q with CRIU: %v%s", c.id, err, criuLogErrors(filepath.Join(criuLogDir(images, opts.workPath), "dump.log")))
+	}
+	c.log.Info("container checkpointed", "images", images, "leave_running", !opts.exit, "duration", time.Since(start))
+	s.releaseMemory()
+	return &emptypb.Empty{}, nil
+}
+
+// restoreSpec is what a container created from a checkpoint keeps until Start restores
+// it: Create only prepares the rootfs, the libcontainer container and the log, as
+// containerd's runc shim does, so that the CRI's created and started states stay apart.
+type restoreSpec struct {
+	images  string
+	process *specs.Process
+}
+
+// prepareRestore checks the CRIU images of a Create with a checkpoint and registers c as
+// created; nothing runs until Start.
+func (s *Service) prepareRestore(c *container, spec *specs.Spec, images string, io ioConfig) (*taskv3.CreateTaskResponse, error) {
+	if !filepath.IsAbs(images) {
+		return nil, invalid("checkpoint %q of container %q must be an absolute path", images, c.id)
+	}
+	if _, err := os.Stat(filepath.Join(images, descriptorsFile)); err != nil {
+		return nil, invalid("checkpoint %q of container %q holds no CRIU images of a container (%s): %v", images, c.id, descriptorsFile, err)
+	}
+	if !c.privatePID {
+		return nil, invalid("container %q restores a checkpoint: it needs its own PID namespace (CRI pid namespace mode CONTAINER)", c.id)
+	}
+	c.restore = &restoreSpec{images: images, process: spec.Process}
+	c.init = newProcessState("", io)
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, failedPrecondition("the pod is shutting down")
+	}
+	s.containers[c.id] = c
+	s.mu.Unlock()
+	c.log.Info("container created from a checkpoint", "images", images, "bundle", c.bundle)
+	return &taskv3.CreateTaskResponse{}, nil
+}
+
+// startRestore restores c's processes from its checkpoint with CRIU (libcontainer's
+// Restore): they join the container's new cgroup, the pod's network namespace (the
+// dumped one is external, CRIU gets the new one as an inherited fd) and its IPC and
+// UTS namespaces, and their stdout and stderr become the pipes to the CRI log (CRIU maps
+// the dumped pipe inodes from descriptors.json onto the fds it is given). opMu is held.
+func (s *Service) startRestore(ctx context.Context, c *container) (*taskv3.StartResponse, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
+	p := c.init
+	lp, err := newProcess(c.restore.process)
+	if err != nil {
+		return nil, invalid("container %q: %v", c.id, err)
+	}
+	lp.Init = true
+	sio, err := openStdio(p.io, lp, c.log)
+	if err != nil {
+		return nil, internal("container %q: %v", c.id, err)
+	}
+	criuOpts := &libcontainer.CriuOpts{
+		ImagesDirectory: c.restore.images,
+		ShellJob:        p.io.terminal,
+		StatusFd:        -1,
+	}
+	start := time.Now()
+	err = s.reaper.StartFunc(func() ([]int, error) {
+		if err := c.lc.Restore(lp, criuOpts); err != nil {
+			return nil, err
+		}
+		pid, err := lp.Pid()
+		return []int{pid}, err
+	})
+	if err != nil {
+		sio.abort()
+		return nil, status.Errorf(codes.FailedPrecondition, "restore container %q with CRIU: %v%s",
+			c.id, err, criuLogErrors(filepath.Join(c.restore.images, "restore.log")))
+	}
+	pid, _ := lp.Pid()
+	p.setStarted(lp, pid, sio)
+	startErr := sio.started()
+	if startErr == nil {
+		c.oom = s.watchOOM(c.lc, c.log)
+	}
+	p.setRunning()
+	c.restore = nil
+	go c.waitInit()
+	if startErr != nil {
+		_ = p.signal(unix.SIGKILL)
+		return nil, internal("container %q: %v", c.id, startErr)
+	}
+	c.log.Info("container restored", "pid", pid, "duration", time.Since(start))
+	s.releaseMemory()
+	return &taskv3.StartResponse{Pid: uint32(pid)}, nil
+}
+
+// abandonRestore records a container created from a checkpoint and deleted before it
+// was restored as exited: nothing ran, so nothing else will record it.
+func (c *container) abandonRestore() {
+	if lp, _, _ := c.init.started(); lp == nil && c.restore != nil && !c.init.exited() {
+		c.init.setExited(0, time.Now())
+	}
+}
+
+// criuLogErrors returns the lines of a CRIU log that report errors (at most the last
+// five), formatted to end an error message: CRIU's errno alone says nothing actionable.
+func criuLogErrors(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	var lines []string
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		if l := sc.Text(); strings.Contains(l, "Error") || strings.Contains(l, "err:") {
+			lines = append(lines, strings.TrimSpace(l))
+		}
+	}
+	if len(lines) == 0 {
+		return fmt.Sprintf(" (see %s)", path)
+	}
+	if len(lines) > 5 {
+		lines = lines[len(lines)-5:]
+	}
+	return fmt.Sprintf(": %s (log %s)", strings.Join(lines, "; "), path)
+}
+
+func criuLogDir(images, work string) string {
+	if work != "" {
+		return work
+	}
+	return images
+}
+
+// criuLogTail returns the last line of a CRIU log, to end an error message: where a
+// hung CRIU stopped.
+func criuLogTail(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	return fmt.Sprintf(" (last line of %s: %q)", path, lines[len(lines)-1])
+}
+
+// watchCRIU kills the shim's CRIU children when ctx ends before the returned stop is
+// called, and thaws the container's freezer cgroup CRIU may have left frozen, so the
+// container runs on. stop reports whether it had to.
+func watchCRIU(ctx context.Context, c *container) (stop func() bool) {
+	done := make(chan struct{})
+	fired := make(chan bool, 1)
+	go func() {
+		select {
+		case <-done:
+			fired <- false
+		case <-ctx.Done():
+			for _, pid := range criuChildren() {
+				c.log.Warn("killing CRIU past the checkpoint deadline", "pid", pid)
+				_ = unix.Kill(pid, unix.SIGKILL)
+			}
+			if st, err := c.lc.State(); err == nil {
+				if dir := st.CgroupPaths["freezer"]; dir != "" {
+					_ = os.WriteFile(filepath.Join(dir, "freezer.state"), []byte("THAWED"), 0)
+				}
+			}
+			fired <- true
+		}
+	}()
+	return func() bool {
+		close(done)
+		return <-fired
+	}
+}
+
+// criuChildren lists the shim's child processes that run criu.
+func criuChildren() []int {
+	var pids []int
+	tasks, _ := os.ReadDir("/proc/self/task")
+	for _, t := range tasks {
+		data, err := os.ReadFile(filepath.Join("/proc/self/task", t.Name(), "children"))
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(data)) {
+			pid, err := strconv.Atoi(f)
+			if err != nil {
+				continue
+			}
+			if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err == nil && strings.TrimSpace(string(comm)) == "criu" {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids
+}
