@@ -415,8 +415,8 @@ func TestE2EBadInput(t *testing.T) {
 	if _, err := e.rt.PodSandboxStatus(ctx, &cri.PodSandboxStatusRequest{PodSandboxId: "nope"}); status.Code(err) != codes.NotFound {
 		t.Errorf("status unknown: %v", err)
 	}
-	if _, err := e.rt.ContainerStats(ctx, &cri.ContainerStatsRequest{ContainerId: "x"}); status.Code(err) != codes.Unimplemented {
-		t.Errorf("ContainerStats: %v, want Unimplemented until it is built", err)
+	if _, err := e.rt.ContainerStats(ctx, &cri.ContainerStatsRequest{ContainerId: "x"}); status.Code(err) != codes.NotFound {
+		t.Errorf("ContainerStats of an unknown container: %v, want NotFound", err)
 	}
 	// Only the winner exists; after removing it nothing is left.
 	list, _ := e.rt.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{})
