@@ -129,9 +129,14 @@ func TestChildEnv(t *testing.T) {
 	env := childEnv([]string{"PATH=/bin", "GOMAXPROCS=2", "_CRISP_PAUSE=1", "TTRPC_ADDRESS=/old"},
 		startParams{bootstrap: true, namespace: "k8s.io", ttrpcAddress: "/new"})
 	slices.Sort(env)
-	want := []string{"GOMAXPROCS=1", "NAMESPACE=k8s.io", "PATH=/bin", "TTRPC_ADDRESS=/new"}
+	want := []string{"CRIU_FAULT=130", "GOMAXPROCS=1", "NAMESPACE=k8s.io", "PATH=/bin", "TTRPC_ADDRESS=/new"}
 	if !slices.Equal(env, want) {
 		t.Fatalf("env = %v, want %v", env, want)
+	}
+	// An operator's CRIU_FAULT is kept (CRIU_FAULT=0: hardware breakpoints).
+	env = childEnv([]string{"CRIU_FAULT=0"}, startParams{})
+	if !slices.Contains(env, "CRIU_FAULT=0") || slices.Contains(env, "CRIU_FAULT=130") {
+		t.Fatalf("env = %v: an operator's CRIU_FAULT=0 must be kept", env)
 	}
 	for _, kv := range childEnv([]string{"GOMAXPROCS=4"}, startParams{}) {
 		if strings.HasPrefix(kv, "GOMAXPROCS=") && kv != "GOMAXPROCS=1" {
