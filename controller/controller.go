@@ -596,8 +596,9 @@ func (c *Controller) Ready(id string) bool {
 	return sb.ready()
 }
 
-// Info asks the shim for its verbose view of the sandbox.
-func (c *Controller) Info(ctx context.Context, id string) (map[string]string, error) {
+// sandboxClient returns the sandbox API client of the pod's live shim: NotFound for an
+// unknown pod, Unavailable when its shim is not running.
+func (c *Controller) sandboxClient(id string) (sandboxapi.TTRPCSandboxService, error) {
 	sb := c.get(id)
 	if sb == nil {
 		return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
@@ -606,7 +607,16 @@ func (c *Controller) Info(ctx context.Context, id string) (map[string]string, er
 	svc, dead := sb.svc, sb.shimDead
 	sb.mu.Unlock()
 	if svc == nil || dead {
-		return nil, fmt.Errorf("shim of sandbox %s is not running: %w", id, errdefs.ErrUnavailable)
+		return nil, fmt.Errorf("the shim of pod %s is not running: %w", id, errdefs.ErrUnavailable)
+	}
+	return svc, nil
+}
+
+// Info asks the shim for its verbose view of the sandbox.
+func (c *Controller) Info(ctx context.Context, id string) (map[string]string, error) {
+	svc, err := c.sandboxClient(id)
+	if err != nil {
+		return nil, err
 	}
 	resp, err := svc.SandboxStatus(ctx, &sandboxapi.SandboxStatusRequest{SandboxID: id, Verbose: true})
 	if err != nil {

@@ -67,15 +67,9 @@ func (c *Controller) ContainerMetrics(ctx context.Context, sandboxID, id string)
 // SandboxMetrics asks the pod's shim for the pod cgroup's metrics (sandbox
 // SandboxMetrics): the pod's cgroup_parent when it has one, else the pause cgroup.
 func (c *Controller) SandboxMetrics(ctx context.Context, id string) (*Metrics, error) {
-	sb := c.get(id)
-	if sb == nil {
-		return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
-	}
-	sb.mu.Lock()
-	svc, dead := sb.svc, sb.shimDead
-	sb.mu.Unlock()
-	if svc == nil || dead {
-		return nil, fmt.Errorf("the shim of pod %s is not running: %w", id, errdefs.ErrUnavailable)
+	svc, err := c.sandboxClient(id)
+	if err != nil {
+		return nil, err
 	}
 	resp, err := svc.SandboxMetrics(ctx, &sandboxapi.SandboxMetricsRequest{SandboxID: id})
 	if err != nil {

@@ -137,22 +137,34 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 	// A checkpoint archive as the image: the container is restored from it by Start.
 	var restore *restoreSource
 	if isCheckpointImage(cfg.GetImage().GetImage()) {
-		if restore, err = s.openCheckpoint(ctx, cfg); err != nil {
+		if restore, err = s.openCheckpoint(ctx, cfg.GetImage().GetImage()); err != nil {
 			return nil, err
 		}
 		defer restore.close()
-		cfg = restore.config
+		cfg = restore.configFor(cfg)
 	}
-	img, err := s.images.Get(cfg.GetImage().GetImage())
-	if errdefs.IsNotFound(err) {
-		return nil, fmt.Errorf("image %q is not present: pull it first: %w", cfg.GetImage().GetImage(), errdefs.ErrNotFound)
-	}
+	id, err := s.createContainer(ctx, p, st, cfg, restore)
 	if err != nil {
 		return nil, err
+	}
+	return &runtime.CreateContainerResponse{ContainerId: id}, nil
+}
+
+// createContainer creates a container from cfg in the ready pod p (st is its status):
+// the rootfs, the spec, the container in the shim and the record; with restore, one
+// restored from that checkpoint by StartContainer. CreateContainer and RestorePod
+// create through here; a failure undoes every step.
+func (s *Service) createContainer(ctx context.Context, p *pod, st *controller.Status, cfg *runtime.ContainerConfig, restore *restoreSource) (_ string, retErr error) {
+	img, err := s.images.Get(cfg.GetImage().GetImage())
+	if errdefs.IsNotFound(err) {
+		return "", fmt.Errorf("image %q is not present: pull it first: %w", cfg.GetImage().GetImage(), errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return "", err
 	}
 	imgSpec, err := img.Spec()
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	id := newID()
 	log := s.log.With("container", id, "name", cfg.GetMetadata().GetName(), "pod", p.rec.ID)
@@ -160,7 +172,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 	// 1. The name.
 	nameKey := containerName(cfg.GetMetadata(), p.config.GetMetadata())
 	if err := s.names.reserve(nameKey, id); err != nil {
-		return nil, err
+		return "", err
 	}
 	defer func() {
 		if retErr != nil {
@@ -171,7 +183,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 	// 2. The writable rootfs.
 	snapMounts, err := s.images.PrepareRootfs(id, img)
 	if err != nil {
-		return nil, fmt.Errorf("prepare rootfs of container %s: %w", id, err)
+		return "", fmt.Errorf("prepare rootfs of container %s: %w", id, err)
 	}
 	defer func() {
 		if retErr != nil {
@@ -186,18 +198,18 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 	}
 	if restore != nil {
 		if err := restore.applyRootfs(ctx, s.images, id); err != nil {
-			return nil, err
+			return "", err
 		}
 	}
 
 	// 3. The spec, with users resolved in the image's own /etc files.
 	stopSig, err := spec.StopSignal(cfg, imgSpec)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	res, err := s.generateSpec(id, cfg, p, img, imgSpec, st, rootfs)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	for _, w := range res.Warnings {
 		log.Warn("container spec", "warning", w)
@@ -212,7 +224,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 		ID: id, SandboxID: p.rec.ID, Spec: res.Spec, Rootfs: rootfs, LogPath: logPath, Terminal: cfg.GetTty(), Stdin: cfg.GetStdin(),
 		Checkpoint: restore.imagesDir(),
 	}); err != nil {
-		return nil, err
+		return "", err
 	}
 	defer func() {
 		if retErr != nil {
@@ -227,7 +239,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 	// 5. The record.
 	raw, err := protojson.Marshal(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("encode container config: %w", err)
+		return "", fmt.Errorf("encode container config: %w", err)
 	}
 	// image_id is the config digest whatever name the image was asked for by; image_ref
 	// is the repo digest of the repository the user named (kubelet passes the image ID
@@ -243,13 +255,13 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 		exited:  make(chan struct{}),
 	}
 	if err := s.store.Put(containerBucket, id, c.rec); err != nil {
-		return nil, err
+		return "", err
 	}
 	s.mu.Lock()
 	s.containers[id] = c
 	s.mu.Unlock()
 	s.emitContainerEvent(id, p.rec.ID, runtime.ContainerEventType_CONTAINER_CREATED_EVENT)
-	return &runtime.CreateContainerResponse{ContainerId: id}, nil
+	return id, nil
 }
 
 // userImage is the image as the user named it: the CRI's user_specified_image, or
@@ -619,18 +631,23 @@ func (s *Service) ListContainers(_ context.Context, req *runtime.ListContainersR
 	return &runtime.ListContainersResponse{Containers: s.listContainers(req.GetFilter())}, nil
 }
 
+// containersWithPrefix returns the containers whose id starts with prefix (all for "").
+func (s *Service) containersWithPrefix(prefix string) []*container {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	list := make([]*container, 0, len(s.containers))
+	for id, c := range s.containers {
+		if strings.HasPrefix(id, prefix) {
+			list = append(list, c)
+		}
+	}
+	return list
+}
+
 // listContainers is the one filter ListContainers and StreamContainers share, oldest
 // container first.
 func (s *Service) listContainers(f *runtime.ContainerFilter) []*runtime.Container {
-	s.mu.RLock()
-	list := make([]*container, 0, len(s.containers))
-	for id, c := range s.containers {
-		if f.GetId() != "" && !strings.HasPrefix(id, f.GetId()) {
-			continue
-		}
-		list = append(list, c)
-	}
-	s.mu.RUnlock()
+	list := s.containersWithPrefix(f.GetId())
 	out := make([]*runtime.Container, 0, len(list))
 	for _, c := range list {
 		rec := c.snapshot()

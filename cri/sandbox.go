@@ -353,18 +353,23 @@ func (s *Service) ListPodSandbox(_ context.Context, req *runtime.ListPodSandboxR
 	return &runtime.ListPodSandboxResponse{Items: s.listPodSandboxes(req.GetFilter())}, nil
 }
 
+// podsWithPrefix returns the pods whose id starts with prefix (all for "").
+func (s *Service) podsWithPrefix(prefix string) []*pod {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	pods := make([]*pod, 0, len(s.pods))
+	for id, p := range s.pods {
+		if strings.HasPrefix(id, prefix) {
+			pods = append(pods, p)
+		}
+	}
+	return pods
+}
+
 // listPodSandboxes is the one filter ListPodSandbox and StreamPodSandboxes share,
 // oldest pod first.
 func (s *Service) listPodSandboxes(f *runtime.PodSandboxFilter) []*runtime.PodSandbox {
-	s.mu.RLock()
-	pods := make([]*pod, 0, len(s.pods))
-	for id, p := range s.pods {
-		if f.GetId() != "" && !strings.HasPrefix(id, f.GetId()) {
-			continue
-		}
-		pods = append(pods, p)
-	}
-	s.mu.RUnlock()
+	pods := s.podsWithPrefix(f.GetId())
 	sort.Slice(pods, func(i, j int) bool { return pods[i].rec.CreatedAt < pods[j].rec.CreatedAt })
 	items := make([]*runtime.PodSandbox, 0, len(pods))
 	for _, p := range pods {

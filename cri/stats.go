@@ -204,15 +204,7 @@ func (s *Service) listContainerStats(ctx context.Context, f *runtime.ContainerSt
 		return nil, err
 	}
 	s.pruneStats()
-	s.mu.RLock()
-	list := make([]*container, 0, len(s.containers))
-	for id, c := range s.containers {
-		if f.GetId() != "" && !strings.HasPrefix(id, f.GetId()) {
-			continue
-		}
-		list = append(list, c)
-	}
-	s.mu.RUnlock()
+	list := s.containersWithPrefix(f.GetId())
 	type item struct {
 		created int64
 		st      *runtime.ContainerStats
@@ -320,22 +312,11 @@ func (s *Service) StreamPodSandboxStats(req *runtime.StreamPodSandboxStatsReques
 
 // readyPods returns the ready pods the id prefix and label selector select, oldest first.
 func (s *Service) readyPods(id string, labels map[string]string) []*pod {
-	s.mu.RLock()
-	pods := make([]*pod, 0, len(s.pods))
-	for pid, p := range s.pods {
-		if id != "" && !strings.HasPrefix(pid, id) {
-			continue
-		}
-		if !labelsMatch(p.config.GetLabels(), labels) {
-			continue
-		}
-		pods = append(pods, p)
-	}
-	s.mu.RUnlock()
+	pods := s.podsWithPrefix(id)
 	ready := pods[:0]
 	for _, p := range pods {
 		// A pod that is not ready uses nothing: its cgroup and namespaces are gone.
-		if s.ctrl.Ready(p.rec.ID) {
+		if labelsMatch(p.config.GetLabels(), labels) && s.ctrl.Ready(p.rec.ID) {
 			ready = append(ready, p)
 		}
 	}

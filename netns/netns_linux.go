@@ -105,45 +105,38 @@ func Pin(dir, name string, pid int) (path string, err error) {
 
 // pinExistingNS enters the namespace src on a locked thread, brings lo up (the
 // namespace is new: nothing else will) and bind-mounts it onto path.
-func pinExistingNS(src int, path string) (err error) {
-	orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("open current network namespace: %w", err)
-	}
-	defer unix.Close(orig)
-	if err := unix.Setns(src, unix.CLONE_NEWNET); err != nil {
-		return fmt.Errorf("enter network namespace: %w", err)
-	}
-	defer func() {
-		if serr := unix.Setns(orig, unix.CLONE_NEWNET); serr != nil && err == nil {
-			err = fmt.Errorf("return to the original network namespace: %w", serr)
+func pinExistingNS(src int, path string) error {
+	return pinFromThread(path, func() error {
+		if err := unix.Setns(src, unix.CLONE_NEWNET); err != nil {
+			return fmt.Errorf("enter network namespace: %w", err)
 		}
-	}()
-	lo, err := netlink.LinkByName("lo")
-	if err != nil {
-		return fmt.Errorf("find lo in network namespace: %w", err)
-	}
-	if err := netlink.LinkSetUp(lo); err != nil {
-		return fmt.Errorf("bring lo up in network namespace: %w", err)
-	}
-	if err := unix.Mount("/proc/thread-self/ns/net", path, "none", unix.MS_BIND, ""); err != nil {
-		return fmt.Errorf("bind-mount network namespace onto %s: %w", path, err)
-	}
-	return nil
+		return nil
+	})
 }
 
 // pinNewNS must run on a locked thread that is thrown away afterwards.
-func pinNewNS(path string) (err error) {
-	// The thread also goes back to where it came from: if it is the main thread, Go
-	// parks it forever instead of ending it, and a thread left inside would keep the
-	// pod's namespace, and its veth, alive after Remove.
+func pinNewNS(path string) error {
+	return pinFromThread(path, func() error {
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			return fmt.Errorf("unshare network namespace: %w", err)
+		}
+		return nil
+	})
+}
+
+// pinFromThread moves the calling (locked) thread into a network namespace with
+// enter, brings lo up there and bind-mounts the namespace onto path. The thread also
+// goes back to where it came from: if it is the main thread, Go parks it forever
+// instead of ending it, and a thread left inside would keep the pod's namespace, and
+// its veth, alive after Remove.
+func pinFromThread(path string, enter func() error) (err error) {
 	orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("open current network namespace: %w", err)
 	}
 	defer unix.Close(orig)
-	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-		return fmt.Errorf("unshare network namespace: %w", err)
+	if err := enter(); err != nil {
+		return err
 	}
 	defer func() {
 		if serr := unix.Setns(orig, unix.CLONE_NEWNET); serr != nil && err == nil {
@@ -154,10 +147,10 @@ func pinNewNS(path string) (err error) {
 	// CNI plugin has to be executed for every pod.
 	lo, err := netlink.LinkByName("lo")
 	if err != nil {
-		return fmt.Errorf("find lo in new network namespace: %w", err)
+		return fmt.Errorf("find lo in network namespace: %w", err)
 	}
 	if err := netlink.LinkSetUp(lo); err != nil {
-		return fmt.Errorf("bring lo up in new network namespace: %w", err)
+		return fmt.Errorf("bring lo up in network namespace: %w", err)
 	}
 	if err := unix.Mount("/proc/thread-self/ns/net", path, "none", unix.MS_BIND, ""); err != nil {
 		return fmt.Errorf("bind-mount network namespace onto %s: %w", path, err)
