@@ -59,3 +59,28 @@ func moveCheckpoint(cs ContainerSpec, bundle string) (string, error) {
 	}
 	return dst, nil
 }
+
+// PauseContainer has the pod's shim freeze a running container (task Pause).
+func (c *Controller) PauseContainer(ctx context.Context, sandboxID, id string) error {
+	tc, _, err := c.task(sandboxID)
+	if err != nil {
+		return err
+	}
+	if _, err := tc.Pause(ctx, &taskapi.PauseRequest{ID: id}); err != nil {
+		return fmt.Errorf("pause container %s: %w", id, fromShim(err))
+	}
+	return nil
+}
+
+// ResumeContainer has the pod's shim thaw a paused container (task Resume); a
+// container that is not paused is left as it is.
+func (c *Controller) ResumeContainer(ctx context.Context, sandboxID, id string) error {
+	tc, _, err := c.task(sandboxID)
+	if err != nil {
+		return err
+	}
+	if _, err := tc.Resume(ctx, &taskapi.ResumeRequest{ID: id}); err != nil {
+		return fmt.Errorf("resume container %s: %w", id, fromShim(err))
+	}
+	return nil
+}

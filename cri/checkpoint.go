@@ -85,8 +85,8 @@ func (s *Service) CheckpointContainer(ctx context.Context, req *runtime.Checkpoi
 	}
 	log := s.log.With("container", rec.ID, "location", location)
 
-	// 1. CRIU images into a staging dir under the root dir (they can be as large as
-	// the container's memory: not for the state dir's tmpfs).
+	// The CRIU images are staged under the root dir (they can be as large as the
+	// container's memory: not for the state dir's tmpfs).
 	parent := filepath.Join(s.cfg.RootDir, "checkpoints")
 	if err := os.MkdirAll(parent, 0o700); err != nil {
 		return nil, fmt.Errorf("checkpoint staging dir: %w", err)
@@ -96,35 +96,50 @@ func (s *Service) CheckpointContainer(ctx context.Context, req *runtime.Checkpoi
 		return nil, fmt.Errorf("checkpoint staging dir: %w", err)
 	}
 	defer os.RemoveAll(staging)
-	if err := s.ctrl.CheckpointContainer(ctx, controller.CheckpointSpec{
-		SandboxID: rec.PodID, ID: rec.ID, ImagesDir: filepath.Join(staging, cpImagesDir), WorkDir: staging,
-	}); err != nil {
+	cp, err := s.captureContainer(ctx, c, rec, staging)
+	if err != nil {
 		return nil, err
 	}
-	dumped := time.Now()
 
-	// 2. Metadata.
-	st, _ := containerStatus(c)
-	if err := writeCheckpointMeta(staging, s.ctrl.ContainerBundle(rec.ID), c, rec, st, dumped); err != nil {
-		return nil, fmt.Errorf("checkpoint container %s: %w", rec.ID, err)
-	}
-
-	// 3. The writable layer's changes.
-	deleted, err := writeRootfsDiff(ctx, s.images, rec.ID, staging)
-	if err != nil {
-		return nil, fmt.Errorf("checkpoint container %s: %w", rec.ID, err)
-	}
-
-	// 4. The archive: written next to the location and renamed over it, so a failed
-	// or timed-out checkpoint leaves nothing, and a symlink at the location is
-	// replaced, never followed.
+	// The archive: written next to the location and renamed over it, so a failed or
+	// timed-out checkpoint leaves nothing, and a symlink at the location is replaced,
+	// never followed.
 	size, err := writeArchive(ctx, staging, location)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint container %s: %w", rec.ID, err)
 	}
-	log.Info("container checkpointed", "archive_bytes", size, "deleted_files", len(deleted),
-		"criu", dumped.Sub(start), "duration", time.Since(start))
+	log.Info("container checkpointed", "archive_bytes", size, "deleted_files", cp.deleted,
+		"criu", cp.criu, "duration", time.Since(start))
 	return &runtime.CheckpointContainerResponse{}, nil
+}
+
+// capture is what captureContainer measured.
+type capture struct {
+	criu    time.Duration // CRIU's dump, as the shim ran it
+	deleted int           // paths the container deleted from its image
+}
+
+// captureContainer writes everything a checkpoint archive holds into staging (an
+// empty directory): CRIU's images of the running container (which keeps running, or
+// stays paused if it was), its metadata and its writable layer's changes. The caller
+// holds c.op. CheckpointContainer and CheckpointPod both capture through here.
+func (s *Service) captureContainer(ctx context.Context, c *container, rec containerRecord, staging string) (capture, error) {
+	start := time.Now()
+	if err := s.ctrl.CheckpointContainer(ctx, controller.CheckpointSpec{
+		SandboxID: rec.PodID, ID: rec.ID, ImagesDir: filepath.Join(staging, cpImagesDir), WorkDir: staging,
+	}); err != nil {
+		return capture{}, err
+	}
+	dumped := time.Now()
+	st, _ := containerStatus(c)
+	if err := writeCheckpointMeta(staging, s.ctrl.ContainerBundle(rec.ID), c, rec, st, dumped); err != nil {
+		return capture{}, fmt.Errorf("checkpoint container %s: %w", rec.ID, err)
+	}
+	deleted, err := writeRootfsDiff(ctx, s.images, rec.ID, staging)
+	if err != nil {
+		return capture{}, fmt.Errorf("checkpoint container %s: %w", rec.ID, err)
+	}
+	return capture{criu: dumped.Sub(start), deleted: len(deleted)}, nil
 }
 
 // checkpointLocation validates where the archive goes: an absolute path of a file
@@ -264,8 +279,14 @@ func isCheckpointImage(image string) bool { return strings.HasPrefix(image, "/")
 type restoreSource struct {
 	archive string
 	dir     string // the unpacked archive, under the state dir
-	config  *runtime.ContainerConfig
-	image   *image.Image
+	meta    checkpointMeta
+	spec    *specs.Spec
+	// orig is the CRI config the container was created with; nil in an archive of
+	// another runtime.
+	orig *runtime.ContainerConfig
+	// image is the original image, found by imageName.
+	image     *image.Image
+	imageName string
 }
 
 // imagesDir is where the CRIU images are; the controller moves them into the bundle.
@@ -278,12 +299,12 @@ func (r *restoreSource) imagesDir() string {
 
 func (r *restoreSource) close() { _ = os.RemoveAll(r.dir) }
 
-// openCheckpoint unpacks and validates the archive a container config names as its
-// image and returns the config the restored container is created with. Garbage and
-// archives that are not checkpoints are InvalidArgument; a missing original image is
-// FailedPrecondition naming it.
-func (s *Service) openCheckpoint(ctx context.Context, req *runtime.ContainerConfig) (_ *restoreSource, retErr error) {
-	path := filepath.Clean(req.GetImage().GetImage())
+// openCheckpoint unpacks and validates a checkpoint archive (the image a container
+// config names, or one container of a pod checkpoint). Garbage and archives that are
+// not checkpoints are InvalidArgument; a missing original image is FailedPrecondition
+// naming it.
+func (s *Service) openCheckpoint(ctx context.Context, path string) (_ *restoreSource, retErr error) {
+	path = filepath.Clean(path)
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, invalid("checkpoint archive %q: %v", path, err)
@@ -313,8 +334,8 @@ func (s *Service) openCheckpoint(ctx context.Context, req *runtime.ContainerConf
 	if _, err := archive.Apply(ctx, dir, ds, archive.WithNoSameOwner()); err != nil {
 		return nil, invalid("checkpoint archive %q is not a valid tar archive: %v", path, err)
 	}
-	var meta checkpointMeta
-	if err := readJSONFile(filepath.Join(dir, cpConfigDump), &meta); err != nil {
+	meta := &r.meta
+	if err := readJSONFile(filepath.Join(dir, cpConfigDump), meta); err != nil {
 		return nil, invalid("%q is not a checkpoint archive: %v", path, err)
 	}
 	var spec specs.Spec
@@ -327,10 +348,10 @@ func (s *Service) openCheckpoint(ctx context.Context, req *runtime.ContainerConf
 	if fi, err := os.Lstat(filepath.Join(dir, cpImagesDir, criuInventory)); err != nil || !fi.Mode().IsRegular() {
 		return nil, invalid("%q is not a checkpoint archive: no CRIU images (%s/%s)", path, cpImagesDir, criuInventory)
 	}
-	var orig *runtime.ContainerConfig
+	r.spec = &spec
 	if data, err := os.ReadFile(filepath.Join(dir, cpCRIConfig)); err == nil {
-		orig = &runtime.ContainerConfig{}
-		if err := protojson.Unmarshal(data, orig); err != nil {
+		r.orig = &runtime.ContainerConfig{}
+		if err := protojson.Unmarshal(data, r.orig); err != nil {
 			return nil, invalid("checkpoint archive %q: decode %s: %v", path, cpCRIConfig, err)
 		}
 	}
@@ -345,11 +366,10 @@ func (s *Service) openCheckpoint(ctx context.Context, req *runtime.ContainerConf
 	if len(names) == 0 {
 		return nil, invalid("checkpoint archive %q: %s names no image", path, cpConfigDump)
 	}
-	found := ""
 	for _, n := range names {
 		img, err := s.images.Get(n)
 		if err == nil {
-			r.image, found = img, n
+			r.image, r.imageName = img, n
 			break
 		}
 		if !errdefs.IsNotFound(err) && !errdefs.IsInvalidArgument(err) {
@@ -360,8 +380,12 @@ func (s *Service) openCheckpoint(ctx context.Context, req *runtime.ContainerConf
 		return nil, fmt.Errorf("checkpoint archive %q was made from image %q, which is not present: pull it first: %w",
 			path, names[0], errdefs.ErrFailedPrecondition)
 	}
-	r.config = restoredConfig(req, orig, &spec, found)
 	return r, nil
+}
+
+// configFor is the config of the container restored from r that req asks for.
+func (r *restoreSource) configFor(req *runtime.ContainerConfig) *runtime.ContainerConfig {
+	return restoredConfig(req, r.orig, r.spec, r.imageName)
 }
 
 // restoredConfig is the config of a container restored from a checkpoint: what the

@@ -185,6 +185,52 @@ func (s *Service) Checkpoint(ctx context.Context, req *taskv3.CheckpointTaskRequ
 	return &emptypb.Empty{}, nil
 }
 
+// Pause freezes every process of a running container (its freezer cgroup).
+// CheckpointPod pauses all the containers it captures before it dumps any, so that the
+// pod's checkpoint is one cut; CRIU dumps a frozen container and leaves it frozen.
+func (s *Service) Pause(ctx context.Context, req *taskv3.PauseRequest) (*emptypb.Empty, error) {
+	c, err := s.get(req.GetID())
+	if err != nil {
+		return nil, err
+	}
+	c.opMu.Lock()
+	defer c.opMu.Unlock()
+	if c.isDeleted() {
+		return nil, notFound("container %q not found", c.id)
+	}
+	if st, _, _ := c.init.state(); st != taskapi.Status_RUNNING {
+		return nil, failedPrecondition("container %q is not running: only running containers can be paused", c.id)
+	}
+	if err := c.lc.Pause(); err != nil {
+		return nil, internal("pause container %q: %v", c.id, err)
+	}
+	c.paused.Store(true)
+	c.log.Info("container paused")
+	return &emptypb.Empty{}, nil
+}
+
+// Resume thaws a paused container. Resuming a container that is not paused (or whose
+// freezer a timed-out checkpoint already thawed) succeeds: callers resume on every
+// path out of a pod checkpoint and must be able to repeat it.
+func (s *Service) Resume(ctx context.Context, req *taskv3.ResumeRequest) (*emptypb.Empty, error) {
+	c, err := s.get(req.GetID())
+	if err != nil {
+		return nil, err
+	}
+	c.opMu.Lock()
+	defer c.opMu.Unlock()
+	if c.isDeleted() {
+		return nil, notFound("container %q not found", c.id)
+	}
+	if err := c.lc.Resume(); err != nil && !errors.Is(err, libcontainer.ErrNotPaused) {
+		return nil, internal("resume container %q: %v", c.id, err)
+	}
+	if c.paused.Swap(false) {
+		c.log.Info("container resumed")
+	}
+	return &emptypb.Empty{}, nil
+}
+
 // restoreSpec is what a container created from a checkpoint keeps until Start restores
 // it: Create only prepares the rootfs, the libcontainer container and the log, as
 // containerd's runc shim does, so that the CRI's created and started states stay apart.

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -41,6 +42,9 @@ type container struct {
 	svc        *Service
 	// restore is set for a container created from a checkpoint until Start restores it.
 	restore *restoreSpec
+	// paused is set between Pause and Resume (the freezer cgroup is frozen); State
+	// reports PAUSED then.
+	paused atomic.Bool
 
 	// opMu serialises the operations that change the container (start, exec start,
 	// update, delete); status, wait and kill never wait for it.

@@ -747,6 +747,9 @@ func (s *Service) State(ctx context.Context, req *taskv3.StateRequest) (*taskv3.
 		return nil, err
 	}
 	st, code, at := p.state()
+	if st == taskapi.Status_RUNNING && c.paused.Load() {
+		st = taskapi.Status_PAUSED
+	}
 	_, pid, _ := p.started()
 	resp := &taskv3.StateResponse{
 		ID:         c.id,
@@ -868,16 +871,6 @@ func (s *Service) Connect(ctx context.Context, req *taskv3.ConnectRequest) (*tas
 func (s *Service) Shutdown(ctx context.Context, req *taskv3.ShutdownRequest) (*emptypb.Empty, error) {
 	s.log.Debug("task Shutdown ignored: the sandbox owns the shim's lifetime")
 	return &emptypb.Empty{}, nil
-}
-
-// Pause is not implemented yet.
-func (s *Service) Pause(ctx context.Context, req *taskv3.PauseRequest) (*emptypb.Empty, error) {
-	return nil, status.Error(codes.Unimplemented, "Pause is not implemented by crisp-shim-runc")
-}
-
-// Resume is not implemented yet.
-func (s *Service) Resume(ctx context.Context, req *taskv3.ResumeRequest) (*emptypb.Empty, error) {
-	return nil, status.Error(codes.Unimplemented, "Resume is not implemented by crisp-shim-runc")
 }
 
 // ReopenLog reopens a container's log file (crisp.shim.v1.Shim).
