@@ -43,7 +43,7 @@ func cgroupConfig(id, parent string, systemd bool) (CgroupConfig, error) {
 		if parent == "" {
 			parent = defaultSystemdSlice
 		}
-		if !sliceRE.MatchString(parent) {
+		if !validSliceName(parent) {
 			return CgroupConfig{}, invalid("cgroup_parent %q: the systemd driver wants a slice name like system.slice", parent)
 		}
 		return CgroupConfig{Driver: DriverSystemd, Slice: parent, Name: id, Parent: given}, nil

@@ -3,7 +3,6 @@ package sandbox
 import (
 	"fmt"
 	"path/filepath"
-	"regexp"
 	"strings"
 
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
@@ -40,19 +39,12 @@ const (
 	maxHostname         = 64 // HOST_NAME_MAX
 )
 
-var (
-	idRE       = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
-	hostnameRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$`)
-	sysctlRE   = regexp.MustCompile(`^[A-Za-z0-9_]+(\.[A-Za-z0-9_-]+)+$`)
-	sliceRE    = regexp.MustCompile(`^[A-Za-z0-9_.@-]+\.slice$`)
-)
-
 func invalid(format string, args ...any) error {
 	return status.Errorf(codes.InvalidArgument, format, args...)
 }
 
 // ValidID reports whether id can name a sandbox: it becomes part of cgroup and unit names.
-func ValidID(id string) bool { return idRE.MatchString(id) }
+func ValidID(id string) bool { return validSandboxID(id) }
 
 // unpackOptions decodes the options Any; absent options mean all-default (every
 // namespace per pod, cgroupfs under /crisp).
@@ -120,7 +112,7 @@ func buildSpec(id, netnsPath string, o *optionsv1.SandboxOptions) (podSpec, erro
 		if !spec.newUTS {
 			return spec, invalid("hostname %q needs uts mode POD: with NODE it would rename the host", h)
 		}
-		if len(h) > maxHostname || !hostnameRE.MatchString(h) {
+		if len(h) > maxHostname || !validHostname(h) {
 			return spec, invalid("hostname %q: want at most %d characters of [A-Za-z0-9.-]", h, maxHostname)
 		}
 		spec.hostname = h
@@ -193,7 +185,7 @@ func checkSysctl(k, v string, ownNet, ownIPC, ownUTS bool) error {
 	if strings.Contains(k, "..") || strings.Contains(k, "/") {
 		return invalid("sysctl %q: key must not contain \"..\" or \"/\"", k)
 	}
-	if len(k) > 256 || !sysctlRE.MatchString(k) {
+	if len(k) > 256 || !validSysctlName(k) {
 		return invalid("sysctl %q: malformed key", k)
 	}
 	if v == "" || len(v) > 4096 || strings.ContainsAny(v, "\n\x00") {
