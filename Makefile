@@ -14,7 +14,7 @@ SHIMBUILD := CGO_ENABLED=1 $(GO) build -trimpath -tags '$(TAGS) osusergo netgo' 
 	-ldflags '$(LDFLAGS) -linkmode external -extldflags -static'
 DEPS      := busybox-static containernetworking-plugins libseccomp-dev libc6-dev iproute2 iptables gcc make
 
-.PHONY: all build criserver shim install run test unit e2e deps lint clean bench
+.PHONY: all build criserver shim install run test unit e2e deps criu lint clean bench
 
 all: build
 
@@ -37,7 +37,11 @@ deps:
 	@if ! dpkg -s $(DEPS) >/dev/null 2>&1; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEPS); \
 	fi
-	# CRIU >= 4 for checkpoint/restore; a no-op when a working criu is on PATH.
+
+# criu installs CRIU >= 4, which checkpoint/restore needs (Debian 12's 3.17 fails on
+# kernels >= 6.x); a no-op when a working criu is on PATH. Not part of `make run`:
+# building it takes minutes and only checkpoints need it.
+criu:
 	hack/criu.sh
 
 # run starts criserver with its defaults (socket /run/crisp/crisp.sock).
@@ -45,7 +49,7 @@ run: deps build
 	PATH="$(CURDIR)/$(BINDIR):$$PATH" $(BINDIR)/criserver
 
 # test runs the unit tests and the end-to-end tests (the latter need root).
-test: deps
+test: deps criu
 	CGO_ENABLED=1 $(GO) vet -tags '$(TAGS)' ./...
 	CGO_ENABLED=1 $(GO) test -tags '$(TAGS)' -count=1 -p 1 -timeout 20m ./...
 
