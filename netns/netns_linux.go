@@ -30,28 +30,13 @@ func New(dir, name string) (path string, err error) {
 		return "", err
 	}
 	path = filepath.Join(dir, name)
-	// O_EXCL: a leftover pin of the same name must be removed deliberately, not reused.
-	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o444)
-	if err != nil {
-		return "", fmt.Errorf("create netns pin %s: %w", path, err)
-	}
-	f.Close()
-	defer func() {
-		if err != nil {
-			if rerr := Remove(path); rerr != nil {
-				err = fmt.Errorf("%w (cleanup: %v)", err, rerr)
-			}
+	err = pinAt(path, func() error {
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			return fmt.Errorf("unshare network namespace: %w", err)
 		}
-	}()
-
-	errc := make(chan error, 1)
-	go func() {
-		// Never unlocked: should anything leave the thread in the new namespace, the
-		// runtime terminates it when this goroutine returns instead of reusing it.
-		runtime.LockOSThread()
-		errc <- pinNewNS(path)
-	}()
-	if err = <-errc; err != nil {
+		return nil
+	})
+	if err != nil {
 		return "", err
 	}
 	return path, nil
@@ -79,9 +64,25 @@ func Pin(dir, name string, pid int) (path string, err error) {
 	}
 	defer unix.Close(src)
 	path = filepath.Join(dir, name)
+	err = pinAt(path, func() error {
+		if err := unix.Setns(src, unix.CLONE_NEWNET); err != nil {
+			return fmt.Errorf("enter network namespace: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return "", err
+	}
+	return path, nil
+}
+
+// pinAt creates the pin file path (O_EXCL: a leftover pin of the same name must be
+// removed deliberately, not reused) and pins there the namespace enter moves a fresh
+// locked thread into, with lo up; on error nothing is left at path.
+func pinAt(path string, enter func() error) (err error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o444)
 	if err != nil {
-		return "", fmt.Errorf("create netns pin %s: %w", path, err)
+		return fmt.Errorf("create netns pin %s: %w", path, err)
 	}
 	f.Close()
 	defer func() {
@@ -93,35 +94,12 @@ func Pin(dir, name string, pid int) (path string, err error) {
 	}()
 	errc := make(chan error, 1)
 	go func() {
-		// Never unlocked, as in New.
+		// Never unlocked: should anything leave the thread in the new namespace, the
+		// runtime terminates it when this goroutine returns instead of reusing it.
 		runtime.LockOSThread()
-		errc <- pinExistingNS(src, path)
+		errc <- pinFromThread(path, enter)
 	}()
-	if err = <-errc; err != nil {
-		return "", err
-	}
-	return path, nil
-}
-
-// pinExistingNS enters the namespace src on a locked thread, brings lo up (the
-// namespace is new: nothing else will) and bind-mounts it onto path.
-func pinExistingNS(src int, path string) error {
-	return pinFromThread(path, func() error {
-		if err := unix.Setns(src, unix.CLONE_NEWNET); err != nil {
-			return fmt.Errorf("enter network namespace: %w", err)
-		}
-		return nil
-	})
-}
-
-// pinNewNS must run on a locked thread that is thrown away afterwards.
-func pinNewNS(path string) error {
-	return pinFromThread(path, func() error {
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			return fmt.Errorf("unshare network namespace: %w", err)
-		}
-		return nil
-	})
+	return <-errc
 }
 
 // pinFromThread moves the calling (locked) thread into a network namespace with

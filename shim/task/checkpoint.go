@@ -134,11 +134,10 @@ func (s *Service) Checkpoint(ctx context.Context, req *taskv3.CheckpointTaskRequ
 	if err != nil {
 		return nil, invalid("checkpoint container %q: %v", c.id, err)
 	}
-	c.opMu.Lock()
-	defer c.opMu.Unlock()
-	if c.isDeleted() {
-		return nil, notFound("container %q not found", c.id)
+	if err := c.lockLive(); err != nil {
+		return nil, err
 	}
+	defer c.opMu.Unlock()
 	if st, _, _ := c.init.state(); st != taskapi.Status_RUNNING {
 		return nil, failedPrecondition("container %q is not running: only running containers can be checkpointed", c.id)
 	}
@@ -193,11 +192,10 @@ func (s *Service) Pause(ctx context.Context, req *taskv3.PauseRequest) (*emptypb
 	if err != nil {
 		return nil, err
 	}
-	c.opMu.Lock()
-	defer c.opMu.Unlock()
-	if c.isDeleted() {
-		return nil, notFound("container %q not found", c.id)
+	if err := c.lockLive(); err != nil {
+		return nil, err
 	}
+	defer c.opMu.Unlock()
 	if st, _, _ := c.init.state(); st != taskapi.Status_RUNNING {
 		return nil, failedPrecondition("container %q is not running: only running containers can be paused", c.id)
 	}
@@ -217,11 +215,10 @@ func (s *Service) Resume(ctx context.Context, req *taskv3.ResumeRequest) (*empty
 	if err != nil {
 		return nil, err
 	}
-	c.opMu.Lock()
-	defer c.opMu.Unlock()
-	if c.isDeleted() {
-		return nil, notFound("container %q not found", c.id)
+	if err := c.lockLive(); err != nil {
+		return nil, err
 	}
+	defer c.opMu.Unlock()
 	if err := c.lc.Resume(); err != nil && !errors.Is(err, libcontainer.ErrNotPaused) {
 		return nil, internal("resume container %q: %v", c.id, err)
 	}

@@ -58,6 +58,17 @@ type container struct {
 	cg *cgstats.Cgroup
 }
 
+// lockLive takes opMu for an operation that changes the container; NotFound (and
+// opMu left unlocked) once the container is deleted.
+func (c *container) lockLive() error {
+	c.opMu.Lock()
+	if c.isDeleted() {
+		c.opMu.Unlock()
+		return notFound("container %q not found", c.id)
+	}
+	return nil
+}
+
 // process returns the init ("") or an exec.
 func (c *container) process(execID string) (*process, error) {
 	if execID == "" {

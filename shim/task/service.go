@@ -474,11 +474,10 @@ func (s *Service) Start(ctx context.Context, req *taskv3.StartRequest) (*taskv3.
 	if err != nil {
 		return nil, err
 	}
-	c.opMu.Lock()
-	defer c.opMu.Unlock()
-	if c.isDeleted() {
-		return nil, notFound("container %q not found", c.id)
+	if err := c.lockLive(); err != nil {
+		return nil, err
 	}
+	defer c.opMu.Unlock()
 	if req.GetExecID() != "" {
 		return s.startExec(c, req.GetExecID())
 	}
@@ -563,11 +562,10 @@ func (s *Service) Delete(ctx context.Context, req *taskv3.DeleteRequest) (*taskv
 	if err != nil {
 		return nil, err
 	}
-	c.opMu.Lock()
-	defer c.opMu.Unlock()
-	if c.isDeleted() {
-		return nil, notFound("container %q not found", c.id)
+	if err := c.lockLive(); err != nil {
+		return nil, err
 	}
+	defer c.opMu.Unlock()
 	if execID := req.GetExecID(); execID != "" {
 		return c.deleteExec(execID)
 	}
@@ -831,11 +829,10 @@ func (s *Service) Update(ctx context.Context, req *taskv3.UpdateTaskRequest) (*e
 	if err := json.Unmarshal(a.GetValue(), &r); err != nil {
 		return nil, invalid("decode resources: %v", err)
 	}
-	c.opMu.Lock()
-	defer c.opMu.Unlock()
-	if c.isDeleted() {
-		return nil, notFound("container %q not found", c.id)
+	if err := c.lockLive(); err != nil {
+		return nil, err
 	}
+	defer c.opMu.Unlock()
 	if c.init.exited() {
 		return nil, failedPrecondition("container %q is not running", c.id)
 	}
