@@ -232,7 +232,8 @@ func (e *env) cleanup() {
 		}
 		cancel()
 	}
-	if e.t.Failed() {
+	// CRISP_E2E_LOG=1 prints it for passing tests too (e.g. to read timings).
+	if e.t.Failed() || os.Getenv("CRISP_E2E_LOG") != "" {
 		e.t.Logf("criserver log:\n%s", e.log())
 	}
 	e.stop()
