@@ -213,6 +213,26 @@ func TestE2EUserns(t *testing.T) {
 		t.Errorf("host file of the volume now owned by %d, want 0 (idmapping must not chown)", got)
 	}
 
+	// criserver killed and restarted: the pod and its container are found again as
+	// they were (the pod-made netns pin, the idmapped rootfs, stats and exec).
+	ip := pst.GetNetwork().GetIp()
+	e.kill9()
+	if !alive(info.ShimPid) || !alive(cinfo.Pid) {
+		t.Fatal("the user-namespaced pod did not survive criserver's death")
+	}
+	e.start()
+	if after, _ := e.status(ctx, podID); after.State != cri.PodSandboxState_SANDBOX_READY || after.GetNetwork().GetIp() != ip ||
+		after.GetLinux().GetNamespaces().GetOptions().GetUsernsOptions().GetMode() != cri.NamespaceMode_POD {
+		t.Errorf("pod after restart: state %v, ip %q (was %q), userns %v", after.State, after.GetNetwork().GetIp(), ip,
+			after.GetLinux().GetNamespaces().GetOptions().GetUsernsOptions())
+	}
+	if got := run("id", "-u"); got != "0" {
+		t.Errorf("id -u inside after restart = %q, want 0", got)
+	}
+	if cst, err := e.rt.ContainerStats(ctx, &cri.ContainerStatsRequest{ContainerId: ctrID}); err != nil || cst.GetStats().GetMemory().GetWorkingSetBytes().GetValue() == 0 {
+		t.Errorf("ContainerStats after restart: %v, %v", cst, err)
+	}
+
 	// Cleanup: no mount of the pod left (overlay, idmapped clones, netns pin, shm).
 	if _, err := e.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: podID}); err != nil {
 		t.Fatal(err)
