@@ -126,7 +126,17 @@ type Controller struct {
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
+	// exits carries the ids of sandboxes whose pause process exited (see SandboxExits).
+	exits chan string
 }
+
+// sandboxExitBuffer bounds the exits nobody has read yet; beyond it they are dropped
+// (and logged): they only feed events, and the pod's state is right either way.
+const sandboxExitBuffer = 256
+
+// SandboxExits delivers the id of every sandbox whose pause process exited, whether it
+// was stopped or died on its own, so that the CRI can tell event subscribers at once.
+func (c *Controller) SandboxExits() <-chan string { return c.exits }
 
 // New returns a controller; call Recover before serving to find running shims again.
 func New(opts Options, st *store.Store, net *network.Manager, log *slog.Logger) (*Controller, error) {
@@ -135,7 +145,8 @@ func New(opts Options, st *store.Store, net *network.Manager, log *slog.Logger) 
 			return nil, fmt.Errorf("create %s: %w", dir, err)
 		}
 	}
-	return &Controller{opts: opts, store: st, net: net, log: log, sandboxes: map[string]*sandbox{}}, nil
+	return &Controller{opts: opts, store: st, net: net, log: log, sandboxes: map[string]*sandbox{},
+		exits: make(chan string, sandboxExitBuffer)}, nil
 }
 
 func (o Options) bundleRoot() string { return filepath.Join(o.StateDir, "sandboxes") }
@@ -411,6 +422,11 @@ func (c *Controller) watch(sb *sandbox) {
 			sb.rec.ExitedAt = t.AsTime()
 		}
 		c.log.Info("pod sandbox exited", "pod", id, "exit_status", resp.GetExitStatus())
+		select {
+		case c.exits <- id:
+		default:
+			c.log.Warn("sandbox exit not delivered: nobody reads exits", "pod", id)
+		}
 	}()
 }
 

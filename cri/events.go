@@ -1,6 +1,7 @@
 package cri
 
 import (
+	"context"
 	"fmt"
 	"sort"
 	"sync"
@@ -153,4 +154,26 @@ func (s *Service) resolvePodExact(id string) (*pod, error) {
 		return nil, fmt.Errorf("pod sandbox %q: %w", id, errNotFound)
 	}
 	return p, nil
+}
+
+// WatchSandboxExits publishes a pod's STOPPED event as soon as its pause process exits,
+// also when it dies on its own (kubelet's evented PLEG would otherwise only learn it
+// at its next relist). A stop kubelet asked for sends the event only once: whichever
+// of this and StopPodSandbox comes first. It returns when ctx ends.
+func (s *Service) WatchSandboxExits(ctx context.Context) {
+	exits := s.ctrl.SandboxExits()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case id := <-exits:
+			p, err := s.resolvePodExact(id)
+			if err != nil {
+				continue // removed meanwhile: its events are out already
+			}
+			if s.evs.markStopped(id) {
+				s.emitPodEvent(p, runtime.ContainerEventType_CONTAINER_STOPPED_EVENT)
+			}
+		}
+	}
 }

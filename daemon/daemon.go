@@ -95,6 +95,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if err := svc.Recover(ctx, live); err != nil {
 		return err
 	}
+	go svc.WatchSandboxExits(ctx)
 
 	// Image pulls and pod bursts leave megabytes of free heap that the runtime's
 	// scavenger would hand back only over minutes; a node's daemon should not sit on

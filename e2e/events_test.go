@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -333,4 +334,37 @@ func waitLog(t *testing.T, e *env, parts ...string) string {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// TestE2EEventsPauseDeath: a pod whose pause process dies on its own is reported
+// STOPPED (and NOTREADY) at once, and the StopPodSandbox kubelet then sends does not
+// report it a second time.
+func TestE2EEventsPauseDeath(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	ctx := ctxT(t)
+	sub := subscribe(ctx, t, e.rt)
+	pod := e.podConfig("pausedeath")
+	podID := e.runPod(ctx, pod)
+	uid := pod.Metadata.Uid
+	sub.expect(t, podID, podID, uid, cri.ContainerEventType_CONTAINER_CREATED_EVENT, cri.PodSandboxState_SANDBOX_READY, "", 0)
+	sub.expect(t, podID, podID, uid, cri.ContainerEventType_CONTAINER_STARTED_EVENT, cri.PodSandboxState_SANDBOX_READY, "", 0)
+
+	_, info := e.status(ctx, podID)
+	if err := syscall.Kill(info.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	sub.expect(t, podID, podID, uid, cri.ContainerEventType_CONTAINER_STOPPED_EVENT, cri.PodSandboxState_SANDBOX_NOTREADY, "", 0)
+	t.Logf("STOPPED event %v after the pause process was killed", time.Since(killed).Round(time.Millisecond))
+
+	if _, err := e.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: podID}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: podID}); err != nil {
+		t.Fatal(err)
+	}
+	// The next event about the pod is DELETED: no second STOPPED.
+	sub.expect(t, podID, podID, uid, cri.ContainerEventType_CONTAINER_DELETED_EVENT, cri.PodSandboxState_SANDBOX_NOTREADY, "", 0)
+	e.assertPodGone(t, podID, info)
 }
