@@ -188,11 +188,8 @@ func (s *Service) Checkpoint(ctx context.Context, req *taskv3.CheckpointTaskRequ
 // CheckpointPod pauses all the containers it captures before it dumps any, so that the
 // pod's checkpoint is one cut; CRIU dumps a frozen container and leaves it frozen.
 func (s *Service) Pause(ctx context.Context, req *taskv3.PauseRequest) (*emptypb.Empty, error) {
-	c, err := s.get(req.GetID())
+	c, err := s.getLocked(req.GetID())
 	if err != nil {
-		return nil, err
-	}
-	if err := c.lockLive(); err != nil {
 		return nil, err
 	}
 	defer c.opMu.Unlock()
@@ -211,11 +208,8 @@ func (s *Service) Pause(ctx context.Context, req *taskv3.PauseRequest) (*emptypb
 // freezer a timed-out checkpoint already thawed) succeeds: callers resume on every
 // path out of a pod checkpoint and must be able to repeat it.
 func (s *Service) Resume(ctx context.Context, req *taskv3.ResumeRequest) (*emptypb.Empty, error) {
-	c, err := s.get(req.GetID())
+	c, err := s.getLocked(req.GetID())
 	if err != nil {
-		return nil, err
-	}
-	if err := c.lockLive(); err != nil {
 		return nil, err
 	}
 	defer c.opMu.Unlock()

@@ -154,6 +154,19 @@ func (s *Service) get(id string) (*container, error) {
 	return c, nil
 }
 
+// getLocked returns container id with its opMu held for an operation that changes
+// it; NotFound for an unknown or deleted container.
+func (s *Service) getLocked(id string) (*container, error) {
+	c, err := s.get(id)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.lockLive(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
 func (s *Service) lookup(id, execID string) (*container, *process, error) {
 	c, err := s.get(id)
 	if err != nil {
@@ -470,11 +483,8 @@ func (s *Service) destroyLibcontainer(lc *libcontainer.Container) error {
 
 // Start starts a created container's program, or an exec.
 func (s *Service) Start(ctx context.Context, req *taskv3.StartRequest) (*taskv3.StartResponse, error) {
-	c, err := s.get(req.GetID())
+	c, err := s.getLocked(req.GetID())
 	if err != nil {
-		return nil, err
-	}
-	if err := c.lockLive(); err != nil {
 		return nil, err
 	}
 	defer c.opMu.Unlock()
@@ -558,11 +568,8 @@ func (s *Service) startExec(c *container, execID string) (_ *taskv3.StartRespons
 // Delete removes a container (killing it if it still runs: nothing is left behind) or
 // frees an exec. The caller removes the bundle directory itself.
 func (s *Service) Delete(ctx context.Context, req *taskv3.DeleteRequest) (*taskv3.DeleteResponse, error) {
-	c, err := s.get(req.GetID())
+	c, err := s.getLocked(req.GetID())
 	if err != nil {
-		return nil, err
-	}
-	if err := c.lockLive(); err != nil {
 		return nil, err
 	}
 	defer c.opMu.Unlock()
