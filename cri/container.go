@@ -4,9 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"google.golang.org/protobuf/proto"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -16,11 +16,13 @@ import (
 	"github.com/containerd/errdefs"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/crisp-runtime/crisp/controller"
 	"github.com/crisp-runtime/crisp/cri/spec"
 	"github.com/crisp-runtime/crisp/image"
+	"github.com/crisp-runtime/crisp/image/remote"
 	"github.com/crisp-runtime/crisp/mount"
 )
 
@@ -271,6 +273,21 @@ func userImage(spec *runtime.ImageSpec) string {
 		return u
 	}
 	return spec.GetImage()
+}
+
+// imageTag is what ContainerStatus reports as the image, as containerd and dockershim
+// do: a tag of the image (kubelet shows it as the container's image), the one the
+// container was created with when that is still a tag of it, else its first; the image
+// id when it has no tag (left, or pulled by digest only).
+func (s *Service) imageTag(imageID, userImage string) string {
+	img, err := s.images.Get(imageID)
+	if err != nil || len(img.RepoTags) == 0 {
+		return imageID
+	}
+	if named, err := remote.Normalize(userImage); err == nil && slices.Contains(img.RepoTags, named.String()) {
+		return named.String()
+	}
+	return img.RepoTags[0]
 }
 
 // generateSpec mounts the rootfs briefly so the spec can resolve users and groups
@@ -549,6 +566,7 @@ func (s *Service) ContainerStatus(_ context.Context, req *runtime.ContainerStatu
 		return nil, toStatus(err)
 	}
 	st, rec := containerStatus(c)
+	st.Image.Image = s.imageTag(rec.ImageID, st.Image.GetUserSpecifiedImage())
 	s.mu.RLock()
 	p := s.pods[rec.PodID]
 	s.mu.RUnlock()

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -100,6 +101,14 @@ func TestE2EImageIdentity(t *testing.T) {
 		wantUser := spec.UserSpecifiedImage
 		if wantUser == "" {
 			wantUser = spec.Image
+		}
+		// The image is shown by a tag, the one created with when it is one.
+		wantTag := list.Images[0].RepoTags[0]
+		if slices.Contains(list.Images[0].RepoTags, wantUser) {
+			wantTag = wantUser
+		}
+		if s.Image.GetImage() != wantTag {
+			t.Errorf("%s: image %q, want the tag %q (of %v)", name, s.Image.GetImage(), wantTag, list.Images[0].RepoTags)
 		}
 		if s.Image.GetUserSpecifiedImage() != wantUser {
 			t.Errorf("%s: user_specified_image %q, want %q", name, s.Image.GetUserSpecifiedImage(), wantUser)
