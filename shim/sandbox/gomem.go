@@ -1,39 +1,33 @@
 package sandbox
 
 import (
-	"runtime/metrics"
+	"runtime"
 	"strconv"
 )
 
-// goMemoryClasses are the Go runtime's memory classes a shim's footprint is made of,
-// under the names verbose SandboxStatus reports them with. Every per-pod byte the shim
-// costs is one of these (or the binary's own pages), so they are what to watch when
-// the per-pod memory moves.
-var goMemoryClasses = []struct{ metric, key string }{
-	{"/memory/classes/heap/objects:bytes", "go_heap_objects_bytes"},
-	{"/memory/classes/heap/unused:bytes", "go_heap_unused_bytes"},
-	{"/memory/classes/heap/free:bytes", "go_heap_free_bytes"},
-	{"/memory/classes/heap/released:bytes", "go_heap_released_bytes"},
-	{"/memory/classes/heap/stacks:bytes", "go_stacks_bytes"},
-	{"/memory/classes/os-stacks:bytes", "go_os_stacks_bytes"},
-	{"/memory/classes/metadata/other:bytes", "go_metadata_other_bytes"},
-	{"/memory/classes/other:bytes", "go_other_bytes"},
-	{"/memory/classes/profiling/buckets:bytes", "go_profiling_buckets_bytes"},
-	{"/memory/classes/total:bytes", "go_total_bytes"},
-}
-
-// goMemory reads the classes; the runtime reads them without stopping the world.
+// goMemory reports the Go runtime's memory classes a shim's footprint is made of, under
+// the names verbose SandboxStatus gives them: every per-pod byte the shim costs is one
+// of these or a page of the binary, so they are what to watch when per-pod memory
+// moves. It reads runtime.MemStats rather than runtime/metrics: that package's
+// initialisation would run in every shim, container init and exec (15 KB, ~0.4 ms),
+// and a verbose status can afford ReadMemStats' brief stop of the world.
 func goMemory() map[string]string {
-	samples := make([]metrics.Sample, len(goMemoryClasses))
-	for i, c := range goMemoryClasses {
-		samples[i].Name = c.metric
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	classes := map[string]uint64{
+		"go_heap_objects_bytes":      m.HeapAlloc,
+		"go_heap_unused_bytes":       m.HeapInuse - m.HeapAlloc,
+		"go_heap_free_bytes":         m.HeapIdle - m.HeapReleased,
+		"go_heap_released_bytes":     m.HeapReleased,
+		"go_stacks_bytes":            m.StackInuse,
+		"go_metadata_bytes":          m.MSpanSys + m.MCacheSys + m.GCSys,
+		"go_other_bytes":             m.OtherSys,
+		"go_profiling_buckets_bytes": m.BuckHashSys,
+		"go_total_bytes":             m.Sys,
 	}
-	metrics.Read(samples)
-	out := make(map[string]string, len(samples))
-	for i, s := range samples {
-		if s.Value.Kind() == metrics.KindUint64 {
-			out[goMemoryClasses[i].key] = strconv.FormatUint(s.Value.Uint64(), 10)
-		}
+	out := make(map[string]string, len(classes))
+	for k, v := range classes {
+		out[k] = strconv.FormatUint(v, 10)
 	}
 	return out
 }
