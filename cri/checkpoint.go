@@ -131,7 +131,7 @@ func (s *Service) captureContainer(ctx context.Context, c *container, rec contai
 		return capture{}, err
 	}
 	dumped := time.Now()
-	st, _ := containerStatus(c)
+	st, _ := s.containerStatus(c)
 	if err := writeCheckpointMeta(staging, s.ctrl.ContainerBundle(rec.ID), c, rec, st, dumped); err != nil {
 		return capture{}, fmt.Errorf("checkpoint container %s: %w", rec.ID, err)
 	}

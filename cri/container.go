@@ -565,14 +565,7 @@ func (s *Service) ContainerStatus(_ context.Context, req *runtime.ContainerStatu
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	st, rec := containerStatus(c)
-	st.Image.Image = s.imageTag(rec.ImageID, st.Image.GetUserSpecifiedImage())
-	s.mu.RLock()
-	p := s.pods[rec.PodID]
-	s.mu.RUnlock()
-	if p != nil {
-		st.Mounts = idmappedMounts(st.Mounts, p.config)
-	}
+	st, rec := s.containerStatus(c)
 	resp := &runtime.ContainerStatusResponse{Status: st}
 	if req.GetVerbose() {
 		info := map[string]any{"sandboxID": rec.PodID, "pid": rec.Pid, "user": rec.User, "stopSignal": rec.StopSignal}
@@ -585,9 +578,10 @@ func (s *Service) ContainerStatus(_ context.Context, req *runtime.ContainerStatu
 	return resp, nil
 }
 
-// containerStatus is a container's CRI status, as ContainerStatus and the container
-// events report it, and the record it was built from.
-func containerStatus(c *container) (*runtime.ContainerStatus, containerRecord) {
+// containerStatus is a container's CRI status, as ContainerStatus, the container
+// events and a checkpoint's status.dump report it, and the record it was built from.
+// It must not be called with s.mu held.
+func (s *Service) containerStatus(c *container) (*runtime.ContainerStatus, containerRecord) {
 	rec := c.snapshot()
 	cfg := c.config
 	st := &runtime.ContainerStatus{
@@ -620,6 +614,13 @@ func containerStatus(c *container) (*runtime.ContainerStatus, containerRecord) {
 	}
 	if res != nil {
 		st.Resources = &runtime.ContainerResources{Linux: res}
+	}
+	st.Image.Image = s.imageTag(rec.ImageID, st.Image.GetUserSpecifiedImage())
+	s.mu.RLock()
+	p := s.pods[rec.PodID]
+	s.mu.RUnlock()
+	if p != nil {
+		st.Mounts = idmappedMounts(st.Mounts, p.config)
 	}
 	return st, rec
 }

@@ -138,7 +138,7 @@ func (s *Service) podEventStatus(p *pod) podEventState {
 	st, _ := s.ctrl.Status(p.rec.ID)
 	out := podEventState{pod: s.podStatus(p, st)}
 	for _, c := range s.containersOf(p.rec.ID) {
-		cs, _ := containerStatus(c)
+		cs, _ := s.containerStatus(c)
 		out.containers = append(out.containers, cs)
 	}
 	sort.Slice(out.containers, func(i, j int) bool { return out.containers[i].CreatedAt < out.containers[j].CreatedAt })
