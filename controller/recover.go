@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -38,7 +40,7 @@ func (c *Controller) Recover(ctx context.Context) ([]string, error) {
 		if r.Phase == phaseCreating {
 			c.log.Info("undoing pod creation cut short by a restart", "pod", r.ID)
 			// A `shim start` run by the killed criserver may still be going.
-			waitShimStart(ctx, r.Bundle, c.opts.ShimStartTimeout)
+			waitShimStart(ctx, r.Bundle, r.ID, c.opts.ShimStartTimeout)
 			if r.Address == "" {
 				// The shim may have started after the last write: it left its address.
 				if data, err := os.ReadFile(filepath.Join(r.Bundle, "shim.address")); err == nil {
@@ -77,28 +79,100 @@ func (c *Controller) Recover(ctx context.Context) ([]string, error) {
 		}
 		c.log.Info("reconnected to pod shim", "pod", r.ID, "address", r.Address)
 	}
+	c.removeStraySockets()
 	return ids, nil
 }
 
-// waitShimStart waits, up to limit, for a `shim start` running on bundle to finish:
-// crisp's shim holds an flock on the bundle directory while it starts. Tearing the pod
-// down before would miss the shim that start is about to leave serving.
-func waitShimStart(ctx context.Context, bundle string, limit time.Duration) {
-	d, err := os.Open(bundle)
+// removeStraySockets removes sockets in crisp's shim socket dir that no known pod
+// uses and nobody listens on: left by a shim start or a shim that was killed between
+// binding its socket and recording it. Nothing else can be starting a shim while
+// Recover runs.
+func (c *Controller) removeStraySockets() {
+	dir := c.opts.socketDir()
+	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return
 	}
-	defer d.Close()
+	known := map[string]bool{}
+	c.mu.Lock()
+	for _, sb := range c.sandboxes {
+		if sb.rec.Address != "" {
+			known[trimUnix(sb.rec.Address)] = true
+		}
+	}
+	c.mu.Unlock()
+	for _, e := range entries {
+		path := filepath.Join(dir, e.Name())
+		if known[path] || e.Type()&os.ModeSocket == 0 {
+			continue
+		}
+		if conn, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			conn.Close()
+			continue
+		}
+		if err := os.Remove(path); err == nil {
+			c.log.Info("removed stray shim socket", "path", path)
+		}
+	}
+}
+
+// waitShimStart waits, up to limit, for a `shim start` of pod id to finish. crisp's
+// shim holds an flock on the bundle directory while it starts, but a start exec'd just
+// before criserver died may not have taken it yet (Go's runtime start alone is ~15 ms),
+// so the processes are looked for as well. Tearing the pod down before start is done
+// would miss the socket and the shim that start is about to leave behind.
+func waitShimStart(ctx context.Context, bundle, id string, limit time.Duration) {
 	deadline := time.Now().Add(limit)
-	for {
-		err := syscall.Flock(int(d.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			_ = syscall.Flock(int(d.Fd()), syscall.LOCK_UN)
-			return
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) || ctx.Err() != nil {
-			return
-		}
+	for (bundleLocked(bundle) || shimStartRunning(id)) && time.Now().Before(deadline) && ctx.Err() == nil {
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// bundleLocked reports whether a shim start holds the bundle's flock.
+func bundleLocked(bundle string) bool {
+	d, err := os.Open(bundle)
+	if err != nil {
+		return false
+	}
+	defer d.Close()
+	err = syscall.Flock(int(d.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+	if err == nil {
+		_ = syscall.Flock(int(d.Fd()), syscall.LOCK_UN)
+		return false
+	}
+	return errors.Is(err, syscall.EWOULDBLOCK)
+}
+
+// shimStartRunning reports whether a `<shim> ... -id id ... start` process is alive,
+// judged by the command line shimCall.args gives it.
+func shimStartRunning(id string) bool {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return false
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		data, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimSuffix(string(data), "\x00"), "\x00")
+		if len(args) > 2 && args[len(args)-1] == "start" && hasArg(args, "-id", id) && processAlive(pid) {
+			return true
+		}
+	}
+	return false
+}
+
+// hasArg reports whether args holds flag followed by value.
+func hasArg(args []string, flag, value string) bool {
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == flag && args[i+1] == value {
+			return true
+		}
+	}
+	return false
 }

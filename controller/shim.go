@@ -163,13 +163,7 @@ func isShimOf(pid int, id string) bool {
 	if err != nil {
 		return false
 	}
-	args := strings.Split(string(data), "\x00")
-	for i := 0; i+1 < len(args); i++ {
-		if args[i] == "-id" && args[i+1] == id {
-			return true
-		}
-	}
-	return false
+	return hasArg(strings.Split(string(data), "\x00"), "-id", id)
 }
 
 // waitGone polls until pid has exited or the timeout passes.

@@ -1,8 +1,14 @@
 package controller
 
 import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	bootstrap "github.com/containerd/containerd/api/runtime/bootstrap/v1"
 	"google.golang.org/protobuf/proto"
@@ -39,5 +45,52 @@ func TestParseStartResult(t *testing.T) {
 				t.Fatalf("got %q, %v; want %q", got, err, tc.want)
 			}
 		})
+	}
+}
+
+// A `start` that criserver exec'd just before it died is found by its command line,
+// so Recover waits for it even before it takes the bundle lock.
+func TestWaitShimStartSeesStartProcess(t *testing.T) {
+	id := fmt.Sprintf("pod-%d", os.Getpid())
+	cmd := exec.Command("sh", "-c", "sleep 0.3; :", "-id", id, "start")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	if !shimStartRunning(id) {
+		t.Fatal("start process not seen")
+	}
+	if shimStartRunning(id + "x") {
+		t.Error("start process of another pod seen")
+	}
+	t0 := time.Now()
+	waitShimStart(context.Background(), t.TempDir(), id, 5*time.Second)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(t0); took > 2*time.Second {
+		t.Errorf("waited %v for a start that took 0.3 s", took)
+	}
+	if shimStartRunning(id) {
+		t.Error("start process seen after it exited")
+	}
+}
+
+func TestWaitShimStartHonoursLimit(t *testing.T) {
+	bundle := t.TempDir()
+	d, err := os.Open(bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	// Another open file description holds the lock, as a running start would.
+	if err := syscall.Flock(int(d.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	waitShimStart(context.Background(), bundle, "nobody", 100*time.Millisecond)
+	if took := time.Since(t0); took < 100*time.Millisecond || took > 2*time.Second {
+		t.Errorf("waited %v on a held lock with a 100 ms limit", took)
 	}
 }

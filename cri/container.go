@@ -412,33 +412,36 @@ func (s *Service) monitor(c *container) {
 		if ctx.Err() != nil {
 			return
 		}
+		// The reason is settled before the exit is published: a ContainerStatus
+		// between the two would otherwise report an OOM kill as "Error".
+		oom := false
+		if err == nil {
+			octx, ocancel := context.WithTimeout(context.Background(), 5*time.Second)
+			killed, oerr := s.ctrl.OOMKilled(octx, rec.PodID, rec.ID)
+			ocancel()
+			oom = oerr == nil && killed
+		}
 		c.mu.Lock()
 		if c.rec.State != stateRunning {
 			c.mu.Unlock()
 			return
 		}
 		c.rec.State = stateExited
-		if err != nil {
+		switch {
+		case err != nil:
 			c.rec.FinishedAt, c.rec.ExitCode, c.rec.Reason = time.Now().UnixNano(), 255, "Unknown"
 			c.rec.Message = fmt.Sprintf("lost the container: %v", err)
-		} else {
+		default:
 			c.rec.FinishedAt, c.rec.ExitCode = st.ExitedAt.UnixNano(), int32(st.ExitStatus)
-			c.rec.Reason = "Completed"
-			if st.ExitStatus != 0 {
-				c.rec.Reason = "Error"
-			}
-		}
-		c.mu.Unlock()
-		if err == nil {
-			octx, ocancel := context.WithTimeout(context.Background(), 5*time.Second)
-			if oom, oerr := s.ctrl.OOMKilled(octx, rec.PodID, rec.ID); oerr == nil && oom {
-				c.mu.Lock()
+			switch {
+			case oom:
 				c.rec.Reason = "OOMKilled"
-				c.mu.Unlock()
+			case st.ExitStatus != 0:
+				c.rec.Reason = "Error"
+			default:
+				c.rec.Reason = "Completed"
 			}
-			ocancel()
 		}
-		c.mu.Lock()
 		r := c.rec
 		c.mu.Unlock()
 		// Before exited is closed: RemoveContainer waits for it, so STOPPED always

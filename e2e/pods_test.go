@@ -623,7 +623,7 @@ func TestE2EKill9DuringRunPodSandbox(t *testing.T) {
 		e.assertNodeClean(t)
 	}
 	log := e.log()
-	t.Logf("creations undone on restart: %d; orphan sandboxes removed: %d; pods that survived whole: %d",
+	t.Logf("creations undone on restart: %d; orphan sandboxes removed: %d; stray sockets removed: %d; pods that survived whole: %d",
 		strings.Count(log, "undoing pod creation cut short"), strings.Count(log, "removing sandbox with no pod record"),
-		strings.Count(log, "pod sandbox removed"))
+		strings.Count(log, "removed stray shim socket"), strings.Count(log, "pod sandbox removed"))
 }
