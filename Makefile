@@ -1,9 +1,10 @@
 # crisp: build, run and test. Builds need cgo (libcontainer's nsenter) and the
-# seccomp tag with Debian's libseccomp-dev.
+# seccomp tag with Debian's libseccomp-dev. grpcnotrace leaves gRPC's x/net/trace (and
+# the html/template it pulls in) out of criserver: 19.6 -> 15.9 MB, idle RSS -2.6 MiB.
 GO        ?= go
 PREFIX    ?= /usr/local
 BINDIR    ?= bin
-TAGS      ?= seccomp
+TAGS      ?= seccomp grpcnotrace
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X github.com/crisp-runtime/crisp/version.Version=$(VERSION)
 GOBUILD   := CGO_ENABLED=1 $(GO) build -trimpath -tags '$(TAGS)' -ldflags '$(LDFLAGS)'

@@ -68,12 +68,31 @@ type container struct {
 	nameKey string
 	exited  chan struct{} // closed when the monitor saw the exit
 	cancel  context.CancelFunc
+	entry   *runtime.Container // the list entry, built by listEntry
 }
 
 func (c *container) snapshot() containerRecord {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.rec
+}
+
+// listEntry returns the container's ListContainers entry, built again only when its
+// state changed: every other field is fixed at creation, and kubelet lists all
+// containers every second. Concurrent responses share it; it must not be modified.
+func (c *container) listEntry() *runtime.Container {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	state := criState(c.rec.State)
+	if c.entry == nil || c.entry.State != state {
+		c.entry = &runtime.Container{
+			Id: c.rec.ID, PodSandboxId: c.rec.PodID, Metadata: c.config.GetMetadata(),
+			Image:    &runtime.ImageSpec{Image: c.rec.ImageID, UserSpecifiedImage: userImage(c.config.GetImage())},
+			ImageRef: c.rec.ImageRef, ImageId: c.rec.ImageID, State: state, CreatedAt: c.rec.CreatedAt,
+			Labels: c.config.GetLabels(), Annotations: c.config.GetAnnotations(),
+		}
+	}
+	return c.entry
 }
 
 func containerName(md *runtime.ContainerMetadata, pod *runtime.PodSandboxMetadata) string {
@@ -672,23 +691,17 @@ func (s *Service) listContainers(f *runtime.ContainerFilter) []*runtime.Containe
 	list := s.containersWithPrefix(f.GetId())
 	out := make([]*runtime.Container, 0, len(list))
 	for _, c := range list {
-		rec := c.snapshot()
-		if f.GetPodSandboxId() != "" && !strings.HasPrefix(rec.PodID, f.GetPodSandboxId()) {
+		e := c.listEntry()
+		if f.GetPodSandboxId() != "" && !strings.HasPrefix(e.PodSandboxId, f.GetPodSandboxId()) {
 			continue
 		}
-		state := criState(rec.State)
-		if f.GetState() != nil && f.GetState().GetState() != state {
+		if f.GetState() != nil && f.GetState().GetState() != e.State {
 			continue
 		}
-		if !labelsMatch(c.config.GetLabels(), f.GetLabelSelector()) {
+		if !labelsMatch(e.Labels, f.GetLabelSelector()) {
 			continue
 		}
-		out = append(out, &runtime.Container{
-			Id: rec.ID, PodSandboxId: rec.PodID, Metadata: c.config.GetMetadata(),
-			Image:    &runtime.ImageSpec{Image: rec.ImageID, UserSpecifiedImage: userImage(c.config.GetImage())},
-			ImageRef: rec.ImageRef, ImageId: rec.ImageID, State: state, CreatedAt: rec.CreatedAt,
-			Labels: c.config.GetLabels(), Annotations: c.config.GetAnnotations(),
-		})
+		out = append(out, e)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt < out[j].CreatedAt })
 	return out

@@ -375,25 +375,14 @@ func (s *Service) listPodSandboxes(f *runtime.PodSandboxFilter) []*runtime.PodSa
 	for _, p := range pods {
 		// Only the state: kubelet lists every second, and building each pod's full
 		// status here showed up in the List latency.
-		state := runtime.PodSandboxState_SANDBOX_NOTREADY
-		if s.ctrl.Ready(p.rec.ID) {
-			state = runtime.PodSandboxState_SANDBOX_READY
-		}
-		if f.GetState() != nil && f.GetState().GetState() != state {
+		e := p.listEntry(s.ctrl.Ready(p.rec.ID))
+		if f.GetState() != nil && f.GetState().GetState() != e.State {
 			continue
 		}
-		if !labelsMatch(p.config.GetLabels(), f.GetLabelSelector()) {
+		if !labelsMatch(e.Labels, f.GetLabelSelector()) {
 			continue
 		}
-		items = append(items, &runtime.PodSandbox{
-			Id:             p.rec.ID,
-			Metadata:       p.config.GetMetadata(),
-			State:          state,
-			CreatedAt:      p.rec.CreatedAt,
-			Labels:         p.config.GetLabels(),
-			Annotations:    p.config.GetAnnotations(),
-			RuntimeHandler: p.rec.Handler,
-		})
+		items = append(items, e)
 	}
 	return items
 }

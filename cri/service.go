@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -62,6 +63,32 @@ type pod struct {
 	rec     podRecord
 	config  *runtime.PodSandboxConfig
 	nameKey string
+	// entries are the pod's ListPodSandbox entries, not ready and ready, built on first
+	// use: nothing else in them changes, and kubelet lists every pod every second.
+	// Concurrent responses share them; they must not be modified.
+	entries [2]atomic.Pointer[runtime.PodSandbox]
+}
+
+// listEntry returns the pod's ListPodSandbox entry for its readiness.
+func (p *pod) listEntry(ready bool) *runtime.PodSandbox {
+	i, state := 0, runtime.PodSandboxState_SANDBOX_NOTREADY
+	if ready {
+		i, state = 1, runtime.PodSandboxState_SANDBOX_READY
+	}
+	if e := p.entries[i].Load(); e != nil {
+		return e
+	}
+	e := &runtime.PodSandbox{
+		Id:             p.rec.ID,
+		Metadata:       p.config.GetMetadata(),
+		State:          state,
+		CreatedAt:      p.rec.CreatedAt,
+		Labels:         p.config.GetLabels(),
+		Annotations:    p.config.GetAnnotations(),
+		RuntimeHandler: p.rec.Handler,
+	}
+	p.entries[i].Store(e)
+	return e
 }
 
 // podRecord is what the store keeps of a pod.
