@@ -3,8 +3,11 @@ package controller
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -92,5 +95,39 @@ func TestWaitShimStartHonoursLimit(t *testing.T) {
 	waitShimStart(context.Background(), bundle, "nobody", 100*time.Millisecond)
 	if took := time.Since(t0); took < 100*time.Millisecond || took > 2*time.Second {
 		t.Errorf("waited %v on a held lock with a 100 ms limit", took)
+	}
+}
+
+// Recover's sweep removes a socket nobody listens on and no pod owns, and keeps a pod's
+// socket and any socket a process still answers on.
+func TestRemoveStraySockets(t *testing.T) {
+	state := t.TempDir()
+	c := &Controller{opts: Options{StateDir: state}, sandboxes: map[string]*sandbox{}, log: slog.New(slog.DiscardHandler)}
+	dir := c.opts.socketDir()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	bind := func(name string) *net.UnixListener {
+		l, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(dir, name), Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.SetUnlinkOnClose(false)
+		return l
+	}
+	bind("dead").Close()
+	bind("owned").Close()
+	live := bind("live")
+	defer live.Close()
+	if err := os.WriteFile(filepath.Join(dir, "not-a-socket"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c.sandboxes["pod"] = &sandbox{rec: record{ID: "pod", Address: "unix://" + filepath.Join(dir, "owned")}}
+	c.removeStraySockets()
+	for name, want := range map[string]bool{"dead": false, "owned": true, "live": true, "not-a-socket": true} {
+		_, err := os.Stat(filepath.Join(dir, name))
+		if got := err == nil; got != want {
+			t.Errorf("%s: present %v, want %v", name, got, want)
+		}
 	}
 }
