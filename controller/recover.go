@@ -96,9 +96,11 @@ func (c *Controller) removeStraySockets() {
 	known := map[string]bool{}
 	c.mu.Lock()
 	for _, sb := range c.sandboxes {
+		sb.mu.Lock()
 		if sb.rec.Address != "" {
 			known[trimUnix(sb.rec.Address)] = true
 		}
+		sb.mu.Unlock()
 	}
 	c.mu.Unlock()
 	for _, e := range entries {

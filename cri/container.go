@@ -446,11 +446,10 @@ func (s *Service) monitor(c *container) {
 			return
 		}
 		c.rec.State = stateExited
-		switch {
-		case err != nil:
+		if err != nil {
 			c.rec.FinishedAt, c.rec.ExitCode, c.rec.Reason = time.Now().UnixNano(), 255, "Unknown"
 			c.rec.Message = fmt.Sprintf("lost the container: %v", err)
-		default:
+		} else {
 			c.rec.FinishedAt, c.rec.ExitCode = st.ExitedAt.UnixNano(), int32(st.ExitStatus)
 			switch {
 			case oom:
