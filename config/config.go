@@ -19,6 +19,13 @@ const (
 	CgroupDriverSystemd  = "systemd"
 )
 
+// Default free-space reserve of the image filesystem: enough that a node whose disk a
+// pull would fill still has room for logs, the metadata database and container writes.
+const (
+	DefaultImageMinFreeBytes   = 512 << 20
+	DefaultImageMinFreePercent = 5
+)
+
 // Config is everything criserver can be told; Default() gives working values.
 type Config struct {
 	// Socket is the CRI gRPC unix socket kubelet and crictl dial.
@@ -79,6 +86,15 @@ type RegistryConfig struct {
 type ImageConfig struct {
 	// Pinned images are reported pinned so kubelet's image GC never removes them.
 	Pinned []string `toml:"pinned" comment:"image references kubelet's image GC must never remove"`
+	// MinFreeBytes and MinFreePercent are the free space a pull must leave on the image
+	// filesystem (the one holding root_dir/images); the larger of the two applies and 0
+	// disables either. A layer can unpack to far more than it downloads (a small gzip of
+	// a huge sparse file), so unpacking is checked as it goes, not only up front. The
+	// defaults sit below kubelet's image GC (85 % used) and imagefs eviction (15 % free)
+	// thresholds, so on a node kubelet acts first and the reserve is the last line that
+	// keeps the node's own writes (logs, the metadata database, container layers) working.
+	MinFreeBytes   int64   `toml:"min_free_bytes" comment:"free bytes a pull must leave on the image filesystem (the larger of this and min_free_percent applies; 0 disables)"`
+	MinFreePercent float64 `toml:"min_free_percent" comment:"free space, in percent of the image filesystem's size, a pull must leave (0 disables)"`
 }
 
 // CNIConfig configures libcni and the default network written on a fresh node.
@@ -120,7 +136,11 @@ func Default() Config {
 			Insecure:               []string{},
 			MaxConcurrentDownloads: 3,
 		},
-		Image: ImageConfig{Pinned: []string{}},
+		Image: ImageConfig{
+			Pinned:         []string{},
+			MinFreeBytes:   DefaultImageMinFreeBytes,
+			MinFreePercent: DefaultImageMinFreePercent,
+		},
 		Streaming: StreamingConfig{
 			Address:            "127.0.0.1",
 			IdleTimeoutSeconds: 14400,
@@ -217,7 +237,21 @@ func (c Config) Validate() error {
 	if n := len(c.CNI.DefaultBridge); n == 0 || n > 15 {
 		return fmt.Errorf("cni.default_bridge must be 1 to 15 characters, got %q", c.CNI.DefaultBridge)
 	}
+	if err := c.Image.validate(); err != nil {
+		return err
+	}
 	return c.Streaming.validate()
+}
+
+func (i ImageConfig) validate() error {
+	if i.MinFreeBytes < 0 {
+		return fmt.Errorf("image.min_free_bytes must be 0 (off) or a positive number of bytes, got %d", i.MinFreeBytes)
+	}
+	// NaN fails both comparisons, so it is refused too.
+	if !(i.MinFreePercent >= 0 && i.MinFreePercent < 100) {
+		return fmt.Errorf("image.min_free_percent must be at least 0 (off) and below 100, got %v", i.MinFreePercent)
+	}
+	return nil
 }
 
 func (s StreamingConfig) validate() error {

@@ -24,8 +24,14 @@ func TestDefaultRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatalf("load printed defaults: %v\n%s", err, data)
 	}
-	if got.Socket != def.Socket || got.RootDir != def.RootDir || got.Runtimes["runc"] != def.Runtimes["runc"] || got.CNI.DefaultSubnet != def.CNI.DefaultSubnet {
+	if got.Socket != def.Socket || got.RootDir != def.RootDir || got.Runtimes["runc"] != def.Runtimes["runc"] || got.CNI.DefaultSubnet != def.CNI.DefaultSubnet ||
+		got.Image.MinFreeBytes != def.Image.MinFreeBytes || got.Image.MinFreePercent != def.Image.MinFreePercent {
 		t.Fatalf("round trip changed config: %+v", got)
+	}
+	for _, key := range []string{"min_free_bytes = 536870912", "min_free_percent = 5.0"} {
+		if !strings.Contains(string(data), key) {
+			t.Errorf("printed defaults lack %q:\n%s", key, data)
+		}
 	}
 }
 
@@ -63,6 +69,25 @@ func TestLoad(t *testing.T) {
 		}},
 		{name: "bad mirror", file: "[registry.mirrors]\n\"docker.io\" = [\"mirror.example\"]\n", wantErr: "must start with http"},
 		{name: "syntax", file: "socket = \n", wantErr: "parse config"},
+		{name: "image reserve defaults", file: "", check: func(t *testing.T, c Config) {
+			if c.Image.MinFreeBytes != 512<<20 || c.Image.MinFreePercent != 5 {
+				t.Errorf("image = %+v", c.Image)
+			}
+		}},
+		{name: "image reserve set", file: "[image]\nmin_free_bytes = 1048576\nmin_free_percent = 2.5\n", check: func(t *testing.T, c Config) {
+			if c.Image.MinFreeBytes != 1<<20 || c.Image.MinFreePercent != 2.5 {
+				t.Errorf("image = %+v", c.Image)
+			}
+		}},
+		{name: "image reserve integer percent and off", file: "[image]\nmin_free_bytes = 0\nmin_free_percent = 10\n", check: func(t *testing.T, c Config) {
+			if c.Image.MinFreeBytes != 0 || c.Image.MinFreePercent != 10 {
+				t.Errorf("image = %+v", c.Image)
+			}
+		}},
+		{name: "negative min_free_bytes", file: "[image]\nmin_free_bytes = -1\n", wantErr: "image.min_free_bytes must be 0"},
+		{name: "percent too large", file: "[image]\nmin_free_percent = 100\n", wantErr: "image.min_free_percent must be"},
+		{name: "negative percent", file: "[image]\nmin_free_percent = -5\n", wantErr: "image.min_free_percent must be"},
+		{name: "percent nan", file: "[image]\nmin_free_percent = nan\n", wantErr: "image.min_free_percent must be"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
