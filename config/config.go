@@ -104,6 +104,11 @@ type CNIConfig struct {
 	// DefaultBridge and DefaultSubnet shape the config written when ConfDir has none.
 	DefaultBridge string `toml:"default_bridge" comment:"bridge of the config written when conf_dir has none"`
 	DefaultSubnet string `toml:"default_subnet" comment:"pod subnet of the config written when conf_dir has none"`
+	// TimeoutSeconds bounds the CNI ADD, and the DEL, of a pod's network (all plugins of
+	// the list together); a plugin still running then is killed. kubelet gives
+	// RunPodSandbox 4 min and StopPodSandbox 2: 60 s leaves room for the rest of
+	// either call, as CRI-O's 1 min network teardown bound does.
+	TimeoutSeconds int `toml:"timeout_seconds" comment:"how long the CNI ADD or DEL of one pod may take before its plugin is killed"`
 }
 
 // Runtime is one runtime handler: the shim binary that runs its pods.
@@ -126,10 +131,11 @@ func Default() Config {
 		ShimStartTimeoutSeconds: 30,
 		EventBuffer:             1024,
 		CNI: CNIConfig{
-			ConfDir:       "/etc/cni/net.d",
-			BinDirs:       []string{"/usr/lib/cni", "/opt/cni/bin"},
-			DefaultBridge: "crisp0",
-			DefaultSubnet: "10.88.0.0/16",
+			ConfDir:        "/etc/cni/net.d",
+			BinDirs:        []string{"/usr/lib/cni", "/opt/cni/bin"},
+			DefaultBridge:  "crisp0",
+			DefaultSubnet:  "10.88.0.0/16",
+			TimeoutSeconds: 60,
 		},
 		Registry: RegistryConfig{
 			Mirrors:                map[string][]string{},
@@ -230,6 +236,9 @@ func (c Config) Validate() error {
 	}
 	if len(c.CNI.BinDirs) == 0 {
 		return errors.New("cni.bin_dirs is empty")
+	}
+	if c.CNI.TimeoutSeconds <= 0 {
+		return fmt.Errorf("cni.timeout_seconds must be positive, got %d", c.CNI.TimeoutSeconds)
 	}
 	if _, _, err := net.ParseCIDR(c.CNI.DefaultSubnet); err != nil {
 		return fmt.Errorf("cni.default_subnet: %w", err)

@@ -62,6 +62,17 @@ func TestLoad(t *testing.T) {
 		{name: "bad driver", file: "cgroup_driver = \"cgroupv3\"\n", wantErr: "cgroup_driver"},
 		{name: "default handler missing", file: "default_runtime_handler = \"nope\"\n", wantErr: "default_runtime_handler \"nope\""},
 		{name: "bad subnet", file: "[cni]\ndefault_subnet = \"10.1.2\"\n", wantErr: "cni.default_subnet"},
+		{name: "cni timeout default", file: "", check: func(t *testing.T, c Config) {
+			if c.CNI.TimeoutSeconds != 60 {
+				t.Errorf("cni.timeout_seconds = %d, want 60", c.CNI.TimeoutSeconds)
+			}
+		}},
+		{name: "cni timeout set", file: "[cni]\ntimeout_seconds = 2\n", check: func(t *testing.T, c Config) {
+			if c.CNI.TimeoutSeconds != 2 {
+				t.Errorf("cni.timeout_seconds = %d, want 2", c.CNI.TimeoutSeconds)
+			}
+		}},
+		{name: "cni timeout zero", file: "[cni]\ntimeout_seconds = 0\n", wantErr: "cni.timeout_seconds must be positive"},
 		{name: "mirrors", file: "[registry]\ninsecure = [\"reg:5000\"]\n[registry.mirrors]\n\"docker.io\" = [\"http://127.0.0.1:5001\"]\n", check: func(t *testing.T, c Config) {
 			if c.Registry.Mirrors["docker.io"][0] != "http://127.0.0.1:5001" || c.Registry.Insecure[0] != "reg:5000" || c.Registry.MaxConcurrentDownloads != 3 {
 				t.Errorf("registry = %+v", c.Registry)
