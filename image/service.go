@@ -23,6 +23,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/crisp-runtime/crisp/image/content"
+	"github.com/crisp-runtime/crisp/image/diskspace"
 	"github.com/crisp-runtime/crisp/image/remote"
 	"github.com/crisp-runtime/crisp/image/snapshot"
 	"github.com/crisp-runtime/crisp/store"
@@ -44,6 +45,11 @@ type Config struct {
 	Remote remote.Config
 	// Pinned references are reported pinned.
 	Pinned []string
+	// MinFreeBytes and MinFreePercent are the free space a pull must leave on the
+	// filesystem holding Root (the larger applies; 0 disables each), checked before
+	// and while blobs are downloaded and layers unpacked.
+	MinFreeBytes   int64
+	MinFreePercent float64
 }
 
 // Image is one image in the store, identified by its config digest.
@@ -121,6 +127,7 @@ type Service struct {
 	puller  *remote.Puller
 	log     *slog.Logger
 	pinned  map[string]bool
+	reserve diskspace.Reserve
 
 	// gcMu lets pulls run together but never while unreferenced content is freed, so
 	// a blob a pull has just written is never collected before its image is recorded.
@@ -141,6 +148,8 @@ func New(cfg Config, st *store.Store, log *slog.Logger) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open snapshotter: %w", err)
 	}
+	reserve := diskspace.Reserve{Path: cfg.Root, Bytes: cfg.MinFreeBytes, Percent: cfg.MinFreePercent}
+	cfg.Remote.Reserve = reserve
 	s := &Service{
 		cfg:     cfg,
 		store:   st,
@@ -148,6 +157,7 @@ func New(cfg Config, st *store.Store, log *slog.Logger) (*Service, error) {
 		snaps:   snaps,
 		puller:  remote.New(cfg.Remote, cs, log.With("component", "pull")),
 		log:     log,
+		reserve: reserve,
 		pinned:  map[string]bool{},
 		images:  map[string]*Image{},
 		refs:    map[string]string{},
@@ -186,11 +196,54 @@ func New(cfg Config, st *store.Store, log *slog.Logger) (*Service, error) {
 
 // Pull fetches ref into the store, unpacks its layers and records it under the
 // reference it was pulled with. It returns the image.
+//
+// A pull that would leave less free space than the reserve, or that meets a full
+// filesystem, fails with errdefs.ErrResourceExhausted naming the image and the space,
+// and whatever it stored that no image needs is freed again (when no other pull is
+// running; else the next removal frees it), so that the space comes back at once.
 func (s *Service) Pull(ctx context.Context, ref string, auth *remote.Auth) (*Image, error) {
 	named, err := remote.Normalize(ref)
 	if err != nil {
 		return nil, err
 	}
+	name := named.String()
+	start := time.Now()
+	img, err := s.pull(ctx, named, auth)
+	if err == nil {
+		return img, nil
+	}
+	err = diskspace.Classify(err, s.cfg.Root)
+	if errdefs.IsResourceExhausted(err) {
+		s.freeAfterFullDisk(ctx, name, start, err)
+	}
+	return nil, err
+}
+
+// freeAfterFullDisk frees what a pull refused for lack of space left behind: complete
+// blobs and layers of an image that was never recorded. Only while no other pull runs,
+// since another pull's blobs are unreferenced until its image is recorded.
+func (s *Service) freeAfterFullDisk(ctx context.Context, name string, start time.Time, pullErr error) {
+	var free int64 = -1
+	if sp, err := diskspace.Stat(s.cfg.Root); err == nil {
+		free = sp.Free
+	}
+	if !s.gcMu.TryLock() {
+		s.log.Warn("pull refused: image filesystem full; other pulls are running, so what this one stored is freed at the next image removal",
+			"ref", name, "after", time.Since(start), "free_bytes", free, "err", pullErr)
+		return
+	}
+	defer s.gcMu.Unlock()
+	gcErr := s.gcLocked(context.WithoutCancel(ctx))
+	after := free
+	if sp, err := diskspace.Stat(s.cfg.Root); err == nil {
+		after = sp.Free
+	}
+	s.log.Warn("pull refused: image filesystem full; freed what it stored", "ref", name, "after", time.Since(start),
+		"free_bytes", free, "free_bytes_after_cleanup", after, "err", pullErr, "cleanup_err", gcErr)
+}
+
+// pull is Pull under the pull lock, which keeps image removal's GC away.
+func (s *Service) pull(ctx context.Context, named reference.Named, auth *remote.Auth) (*Image, error) {
 	name := named.String()
 	s.gcMu.RLock()
 	defer s.gcMu.RUnlock()
@@ -248,7 +301,7 @@ func (s *Service) Pull(ctx context.Context, ref string, auth *remote.Auth) (*Ima
 	}
 	out, err := s.record(img, refs)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("pull %s: %w", name, err)
 	}
 	s.log.Info("image pulled", "ref", name, "id", img.ID, "size", size, "download", downloaded, "total", time.Since(start))
 	return out, nil
@@ -271,7 +324,10 @@ func (s *Service) unpack(ctx context.Context, name string, l remote.Layer, diffI
 	}
 	defer raw.Close()
 	verifier := diffID.Algorithm().Digester()
-	tee := io.TeeReader(raw, verifier.Hash())
+	// The uncompressed size is known only once it is written: the reserve is checked
+	// as the tar stream is read, which is as it is written out.
+	guarded := s.reserve.Reader(raw, "")
+	tee := io.TeeReader(guarded, verifier.Hash())
 	if _, err := s.snaps.Apply(ctx, chainID, parent, l.Digest.String(), tee); err != nil {
 		return fmt.Errorf("pull %s: unpack layer %s: %w", name, l.Digest, err)
 	}
@@ -338,15 +394,17 @@ func (s *Service) record(img *Image, refs []string) (*Image, error) {
 		}
 	}
 	changed[cur.ID] = cur
+	// One transaction: a failure (a full disk) must not leave an image without its
+	// references, or a reference moved off an image the memory still shows with it.
+	ops := make([]store.Op, 0, len(changed)+len(refs))
 	for id, im := range changed {
-		if err := s.store.Put(imageBucket, id, im); err != nil {
-			return nil, err
-		}
+		ops = append(ops, store.Op{Bucket: imageBucket, Key: id, Value: im})
 	}
 	for _, ref := range refs {
-		if err := s.store.Put(refBucket, ref, cur.ID); err != nil {
-			return nil, err
-		}
+		ops = append(ops, store.Op{Bucket: refBucket, Key: ref, Value: cur.ID})
+	}
+	if err := s.store.Apply(ops...); err != nil {
+		return nil, fmt.Errorf("record image %s: %w", cur.ID, err)
 	}
 	for id, im := range changed {
 		s.images[id] = im

@@ -13,6 +13,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	digest "github.com/opencontainers/go-digest"
+
+	"github.com/crisp-runtime/crisp/image/diskspace"
 )
 
 // algorithms are the digest algorithms the store accepts. Anything else is refused
@@ -141,8 +143,11 @@ func (s *Store) ReadAll(d digest.Digest, max int64) ([]byte, error) {
 // are hashed and counted on the way, and the file is synced and renamed into place
 // only if they match d and size (size < 0: size unknown). A mismatch, a short or long
 // read, a read error or a cancelled ctx is an error naming d and what went wrong, and
-// leaves no file behind. If d is already present Write reads nothing and returns nil.
+// leaves no file behind; a full filesystem is an error wrapping
+// errdefs.ErrResourceExhausted. If d is already present Write reads nothing and returns nil.
 func (s *Store) Write(ctx context.Context, d digest.Digest, size int64, r io.Reader) (retErr error) {
+	// A full filesystem is ResourceExhausted; the ingest file is removed below.
+	defer func() { retErr = diskspace.Classify(retErr, s.root) }()
 	p, err := s.path(d)
 	if err != nil {
 		return fmt.Errorf("write blob: %w", err)

@@ -197,8 +197,10 @@ func LayerMediaType(f Format, c Compression) types.MediaType {
 // Layer is an in-memory layer whose bytes are fixed when it is made, so its digests
 // are known without computing anything again. It implements v1.Layer.
 type Layer struct {
-	blob      []byte
-	tar       []byte
+	blob []byte
+	tar  []byte
+	// gen, when set, produces the tar stream again instead of tar (too big to keep).
+	gen       func(w io.Writer) error
 	digest    v1.Hash
 	diffID    v1.Hash
 	mediaType types.MediaType
@@ -265,7 +267,56 @@ func (l *Layer) Compressed() (io.ReadCloser, error) {
 
 // Uncompressed returns the tar stream.
 func (l *Layer) Uncompressed() (io.ReadCloser, error) {
+	if l.gen != nil {
+		pr, pw := io.Pipe()
+		go func() { pw.CloseWithError(l.gen(pw)) }()
+		return pr, nil
+	}
 	return io.NopCloser(bytes.NewReader(l.tar)), nil
+}
+
+// ZerosLayer returns a gzip layer holding the one file name of size zero bytes: a
+// layer that unpacks to about a thousand times what it downloads (deflate's limit),
+// like a small gzip of a huge sparse file, which tar extraction writes out in full.
+// It is built as a stream, so only the compressed blob is kept in memory; TarBytes of
+// it is nil.
+func ZerosLayer(t testing.TB, f Format, name string, size int64) *Layer {
+	t.Helper()
+	gen := func(w io.Writer) error {
+		tw := tar.NewWriter(w)
+		hdr := &tar.Header{Typeflag: tar.TypeReg, Name: strings.TrimPrefix(name, "/"), Mode: 0o644, Size: size, ModTime: epoch, Format: tar.FormatPAX}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		zeros := make([]byte, 1<<20)
+		for left := size; left > 0; {
+			n := min(left, int64(len(zeros)))
+			if _, err := tw.Write(zeros[:n]); err != nil {
+				return err
+			}
+			left -= n
+		}
+		return tw.Close()
+	}
+	var blob bytes.Buffer
+	zw, err := gzip.NewWriterLevel(&blob, gzip.BestSpeed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tarHash := sha256.New()
+	if err := gen(io.MultiWriter(zw, tarHash)); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return &Layer{
+		blob:      blob.Bytes(),
+		gen:       gen,
+		digest:    sha256Hash(blob.Bytes()),
+		diffID:    v1.Hash{Algorithm: "sha256", Hex: hex.EncodeToString(tarHash.Sum(nil))},
+		mediaType: LayerMediaType(f, Gzip),
+	}
 }
 
 // Size returns the size of the compressed blob.

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
@@ -175,5 +176,46 @@ func TestRegistryBasicAuth(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("authenticated ping: %s", resp.Status)
+	}
+}
+
+// TestZerosLayer: the blob is about a thousandth of what it unpacks to, and the tar
+// stream it regenerates is the one its diff ID and blob describe.
+func TestZerosLayer(t *testing.T) {
+	const size = 64 << 20
+	start := time.Now()
+	l := ZerosLayer(t, OCI, "big", size)
+	t.Logf("%d MiB of zeros: %d byte gzip blob in %v", size>>20, len(l.Blob()), time.Since(start))
+	if len(l.Blob()) > size/500 {
+		t.Errorf("blob is %d bytes for %d of zeros", len(l.Blob()), size)
+	}
+	rc, err := l.Uncompressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	h := sha256.New()
+	tee := io.TeeReader(rc, h)
+	tr := tar.NewReader(tee)
+	hdr, err := tr.Next()
+	if err != nil || hdr.Name != "big" || hdr.Size != size {
+		t.Fatalf("first entry %+v, %v", hdr, err)
+	}
+	if _, err := io.Copy(io.Discard, tr); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(io.Discard, tee); err != nil { // the end-of-archive blocks
+		t.Fatal(err)
+	}
+	if diffID, _ := l.DiffID(); diffID.Hex != hex.EncodeToString(h.Sum(nil)) {
+		t.Errorf("regenerated tar does not hash to the diff ID")
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(l.Blob()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := io.Copy(io.Discard, zr)
+	if err != nil || n < size {
+		t.Fatalf("blob decompresses to %d bytes, %v", n, err)
 	}
 }

@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/crisp-runtime/crisp/image/content"
+	"github.com/crisp-runtime/crisp/image/diskspace"
 )
 
 // Limits on what is read into memory. Real manifests and configs are a few KiB; the
@@ -75,6 +76,10 @@ type Config struct {
 	MaxConcurrentDownloads int
 	// Platform is the "os/arch[/variant]" picked from an index (default "linux/"+runtime.GOARCH).
 	Platform string
+	// Reserve is the free space downloads must leave on the content store's
+	// filesystem; checked against the layers' sizes before they are downloaded and
+	// while they are written.
+	Reserve diskspace.Reserve
 }
 
 // Layer is one layer blob of a pulled image.
@@ -107,6 +112,7 @@ type Puller struct {
 	mirrors      map[string][]endpoint
 	platform     ocispec.Platform
 	maxDownloads int
+	reserve      diskspace.Reserve
 	flights      flightGroup
 }
 
@@ -123,6 +129,7 @@ func New(cfg Config, cs *content.Store, log *slog.Logger) *Puller {
 		log:          log,
 		mirrors:      map[string][]endpoint{},
 		maxDownloads: cfg.MaxConcurrentDownloads,
+		reserve:      cfg.Reserve,
 	}
 	if p.maxDownloads <= 0 {
 		p.maxDownloads = 3
@@ -354,6 +361,9 @@ func (p *Puller) pullFrom(ctx context.Context, named reference.Named, ep endpoin
 		img.Layers[i] = Layer{Digest: l.Digest, Size: l.Size, MediaType: l.MediaType, DiffID: cfg.RootFS.DiffIDs[i]}
 	}
 
+	if err := p.checkSpace(m.Layers); err != nil {
+		return nil, err
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(p.maxDownloads)
 	for _, l := range m.Layers {
@@ -368,6 +378,24 @@ func (p *Puller) pullFrom(ctx context.Context, named reference.Named, ep endpoin
 		return nil, err
 	}
 	return img, nil
+}
+
+// checkSpace refuses, before anything large is downloaded, layers whose blobs would
+// leave less than the reserve free. The blobs' sizes are known; what they unpack to is
+// not, and the unpack checks as it goes.
+func (p *Puller) checkSpace(layers []ocispec.Descriptor) error {
+	if !p.reserve.Enabled() {
+		return nil
+	}
+	var need int64
+	missing := 0
+	for _, l := range layers {
+		if !p.cs.Has(l.Digest) {
+			need += l.Size
+			missing++
+		}
+	}
+	return p.reserve.Check(need, fmt.Sprintf("downloading %d layers", missing))
 }
 
 // checkManifest refuses a manifest crisp could not run before anything is downloaded.
@@ -503,7 +531,8 @@ func (p *Puller) download(ctx context.Context, src *source, desc ocispec.Descrip
 		return fmt.Errorf("%s announced %d bytes, but the manifest says %d: %w",
 			src.ep.display, resp.ContentLength, desc.Size, errdefs.ErrFailedPrecondition)
 	}
-	if err := p.cs.Write(ctx, desc.Digest, desc.Size, resp.Body); err != nil {
+	body := p.reserve.Reader(resp.Body, "")
+	if err := p.cs.Write(ctx, desc.Digest, desc.Size, body); err != nil {
 		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 			return ctx.Err()
 		}

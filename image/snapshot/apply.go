@@ -16,6 +16,8 @@ import (
 	"github.com/containerd/errdefs"
 	digest "github.com/opencontainers/go-digest"
 	"golang.org/x/sys/unix"
+
+	"github.com/crisp-runtime/crisp/image/diskspace"
 )
 
 // Apply unpacks one uncompressed layer tar stream as snapshot chainID on top of parent
@@ -29,8 +31,11 @@ import (
 // Entries that could escape the layer or disagree with what the mounted image shows are
 // refused (errdefs.ErrInvalidArgument, naming the layer and the entry): absolute names,
 // ".." components, hard links to absolute or ".." targets, and anything reached through
-// a symlink of this layer or of a visible lower layer.
+// a symlink of this layer or of a visible lower layer. A full filesystem is an error
+// wrapping errdefs.ErrResourceExhausted.
 func (s *Snapshotter) Apply(ctx context.Context, chainID, parent digest.Digest, layerName string, r io.Reader) (_ Info, retErr error) {
+	// A full filesystem is ResourceExhausted; the partial layer is removed below.
+	defer func() { retErr = diskspace.Classify(retErr, s.root) }()
 	if err := chainID.Validate(); err != nil {
 		return Info{}, fmt.Errorf("unpack layer %s: chain ID %q: %v: %w", layerName, chainID, err, errdefs.ErrInvalidArgument)
 	}

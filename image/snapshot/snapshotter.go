@@ -17,6 +17,7 @@ import (
 	digest "github.com/opencontainers/go-digest"
 	"golang.org/x/sys/unix"
 
+	"github.com/crisp-runtime/crisp/image/diskspace"
 	"github.com/crisp-runtime/crisp/store"
 )
 
@@ -346,6 +347,8 @@ func (s *Snapshotter) Prepare(key string, parent digest.Digest) (_ []Mount, retE
 	if key == "" {
 		return nil, fmt.Errorf("prepare snapshot: empty key: %w", errdefs.ErrInvalidArgument)
 	}
+	// A full filesystem is ResourceExhausted; the directories are removed below.
+	defer func() { retErr = diskspace.Classify(retErr, s.root) }()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var existing activeRecord
