@@ -45,6 +45,15 @@ type Config struct {
 	// PodCIDRFile keeps the pod CIDR kubelet set with UpdateRuntimeConfig; when it
 	// exists it wins over DefaultSubnet. Default: pod-cidr next to CacheDir.
 	PodCIDRFile string
+	// Timeout bounds the ADD, and the DEL, of a pod's network list (all its plugins
+	// together); a plugin still running then is killed. Default DefaultTimeout.
+	Timeout time.Duration
+	// PendingDir keeps the DELs handed to the background retrier (see pending.go), so
+	// that they survive a restart. Default: pending next to CacheDir.
+	PendingDir string
+	// RetryInterval is the first wait before a pending DEL is retried; it doubles up to
+	// maxRetryInterval. Default defaultRetryInterval.
+	RetryInterval time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -68,6 +77,15 @@ func (c Config) withDefaults() Config {
 	}
 	if c.PodCIDRFile == "" {
 		c.PodCIDRFile = filepath.Join(filepath.Dir(c.CacheDir), "pod-cidr")
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.PendingDir == "" {
+		c.PendingDir = filepath.Join(filepath.Dir(c.CacheDir), "pending")
+	}
+	if c.RetryInterval <= 0 {
+		c.RetryInterval = defaultRetryInterval
 	}
 	return c
 }

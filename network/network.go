@@ -15,17 +15,12 @@ import (
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/types"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
-	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/crisp-runtime/crisp/netns"
 )
 
 // ifName is the pod's interface, as in every Kubernetes runtime.
 const ifName = "eth0"
-
-// cleanupTimeout bounds the DEL that undoes a failed ADD; it runs on a fresh context
-// because the caller's may be the reason ADD failed.
-const cleanupTimeout = time.Minute
 
 // ErrNotReady is wrapped by errors that mean no usable network config or plugin is installed.
 var ErrNotReady = errors.New("pod network not ready")
@@ -69,6 +64,15 @@ type Manager struct {
 
 	mu    sync.Mutex
 	state *confState
+	// failures counts the failed teardowns of each pod (see pending.go).
+	failures map[string]int
+	// retrying is set while the background retrier of pending DELs runs.
+	retrying bool
+
+	// ctx ends the retrier at Close.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 }
 
 // New writes the default network config if cfg.ConfDir has none and loads the config to use.
@@ -88,24 +92,38 @@ func New(cfg Config, log *slog.Logger) (*Manager, error) {
 		cfg.DefaultSubnet = podCIDR
 	}
 	// An explicit exec: libcni would otherwise create one lazily, racing between
-	// concurrent Setup calls.
-	exec := &invoke.DefaultExec{
-		RawExec:       &invoke.RawExec{Stderr: debugWriter{log}},
-		PluginDecoder: version.PluginDecoder{},
-	}
+	// concurrent Setup calls; and one whose timeout kills a plugin for good (exec.go).
+	exec := &pluginExec{stderr: debugWriter{log}}
+	ctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{
 		cfg:      cfg,
 		log:      log,
 		cni:      libcni.NewCNIConfigWithCacheDir(cfg.BinDirs, cfg.CacheDir, exec),
 		uncached: libcni.NewCNIConfigWithCacheDir(cfg.BinDirs, filepath.Join(cfg.CacheDir, "none"), exec),
+		failures: map[string]int{},
+		ctx:      ctx,
+		cancel:   cancel,
 	}
+	if err := m.init(configured); err != nil {
+		cancel()
+		return nil, err
+	}
+	// DELs left pending before a restart are picked up again.
+	if ids := m.Pending(); len(ids) > 0 {
+		log.Info("retrying CNI DELs left pending", "pods", ids)
+		m.kickRetrier()
+	}
+	return m, nil
+}
+
+func (m *Manager) init(configured string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, err := m.applyDefaultLocked(configured); err != nil {
-		return nil, err
+		return err
 	}
 	m.reloadLocked()
-	return m, nil
+	return nil
 }
 
 // reloadLocked rescans the config dir if anything it depends on changed since the last
@@ -168,8 +186,9 @@ func (m *Manager) Ready() error {
 	return nil
 }
 
-// Setup attaches the pod's namespace to the network (CNI ADD). If that fails,
-// whatever the plugins did is undone before the error is returned.
+// Setup attaches the pod's namespace to the network (CNI ADD), within the configured
+// timeout. If that fails, whatever the plugins did is undone (DEL) before the error is
+// returned, or, should the DEL fail too, left to the background retrier.
 func (m *Manager) Setup(ctx context.Context, p Pod) (*Result, error) {
 	if p.ID == "" || p.NetNS == "" {
 		return nil, fmt.Errorf("set up network for pod %q: pod ID and netns path are required", p.ID)
@@ -180,18 +199,25 @@ func (m *Manager) Setup(ctx context.Context, p Pod) (*Result, error) {
 	}
 	rt := runtimeConf(p)
 	start := time.Now()
-	raw, err := m.cni.AddNetworkList(ctx, list, rt)
+	actx, cancel := withTimeout(ctx, m.cfg.Timeout)
+	raw, err := m.cni.AddNetworkList(actx, list, rt)
+	cancel()
 	var res *Result
 	if err == nil {
 		res, err = parseResult(raw)
 	}
 	if err != nil {
 		err = fmt.Errorf("set up network %q for pod %s (%s/%s): %w", list.Name, p.ID, p.Namespace, p.Name, err)
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-		defer cancel()
-		if derr := m.del(cctx, list, rt); derr != nil {
+		// The DEL runs even when ADD failed half-way (a veth made, an IP reserved), and
+		// whatever ended the caller's context must not cut it short (del bounds it).
+		if derr := m.del(context.WithoutCancel(ctx), list, rt); derr != nil {
 			m.log.Error("undo failed CNI ADD", "pod", p.ID, "network", list.Name, "err", derr)
-			return nil, fmt.Errorf("%w (undoing it also failed: %v)", err, derr)
+			undo := *rt
+			undo.NetNS = ""
+			if perr := m.deferDel(list, &undo); perr != nil {
+				return nil, fmt.Errorf("%w (undoing it also failed: %v; keeping it for a retry failed: %v)", err, derr, perr)
+			}
+			return nil, fmt.Errorf("%w (undoing it also failed, retried in the background: %v)", err, derr)
 		}
 		return nil, err
 	}
@@ -205,10 +231,18 @@ func (m *Manager) Setup(ctx context.Context, p Pod) (*Result, error) {
 // The network, CNI args and capability args (port mappings) come from libcni's
 // result cache when there is one, so a pod is torn down with the config it was set
 // up with even if the operator changed the config since. An error means something
-// the pod owned could not be removed; the cache entry is then kept for a retry.
+// the pod owned could not be removed; the cache entry is then kept for a retry. It is
+// retryable (errdefs.ErrUnavailable, or context.DeadlineExceeded when a plugin was
+// killed at the timeout) and names the network and plugin. After teardownAttempts
+// failures of the same pod, Teardown hands the DEL to the background retrier and
+// returns nil: the caller may then remove the namespace (see pending.go).
 func (m *Manager) Teardown(ctx context.Context, p Pod) error {
 	if p.ID == "" {
 		return errors.New("tear down pod network: pod ID is required")
+	}
+	if m.isPending(p.ID) {
+		m.log.Debug("CNI DEL of pod is pending in the background", "pod", p.ID)
+		return nil
 	}
 	start := time.Now()
 	atts, err := m.cni.GetCachedAttachments(p.ID)
@@ -216,6 +250,7 @@ func (m *Manager) Teardown(ctx context.Context, p Pod) error {
 		m.log.Warn("read CNI result cache", "pod", p.ID, "err", err)
 	}
 	var errs []error
+	var failed []attachment
 	found := false
 	for _, a := range atts {
 		if a.ContainerID != p.ID || a.IfName != ifName {
@@ -234,6 +269,9 @@ func (m *Manager) Teardown(ctx context.Context, p Pod) error {
 		rt := &libcni.RuntimeConf{ContainerID: p.ID, NetNS: liveNetNS(nsPath), IfName: a.IfName, Args: a.CniArgs, CapabilityArgs: a.CapabilityArgs}
 		if err := m.delAttachment(ctx, list, rt); err != nil {
 			errs = append(errs, fmt.Errorf("network %q: %w", list.Name, err))
+			kept := *rt
+			kept.NetNS = ""
+			failed = append(failed, attachment{list: list, rt: &kept})
 		}
 	}
 	if !found {
@@ -253,8 +291,9 @@ func (m *Manager) Teardown(ctx context.Context, p Pod) error {
 		return nil
 	}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("tear down network of pod %s (%s/%s): %w", p.ID, p.Namespace, p.Name, err)
+		return m.teardownFailed(p, failed, err)
 	}
+	m.teardownDone(p.ID)
 	m.log.Debug("pod network torn down", "pod", p.ID, "took", time.Since(start))
 	return nil
 }
@@ -286,16 +325,29 @@ func (m *Manager) delAttachment(ctx context.Context, list *libcni.NetworkConfigL
 // del runs DEL for the list. libcni stops at the first plugin that fails, which
 // would leak what the plugins before it in the list made (an IP, a veth); so after a
 // failure every plugin is called on its own, and only their failures are reported.
+// Each of those calls has the configured timeout; a plugin that was killed at it is
+// not called again (it would only hang again), so a DEL with one hanging plugin takes
+// one timeout, not two.
 func (m *Manager) del(ctx context.Context, list *libcni.NetworkConfigList, rt *libcni.RuntimeConf) error {
-	err := m.cni.DelNetworkList(ctx, list, rt)
+	err := m.delList(ctx, m.cni, list, rt)
 	if err == nil {
 		return nil
 	}
+	if ctx.Err() != nil {
+		return err // the caller gave up: no point in going on
+	}
 	m.log.Warn("CNI DEL failed, retrying plugin by plugin", "pod", rt.ContainerID, "network", list.Name, "err", err)
 	var errs []error
+	hung := timedOutPlugin(err)
+	if hung != "" {
+		errs = append(errs, err)
+	}
 	for i := len(list.Plugins) - 1; i >= 0; i-- {
+		if list.Plugins[i].Network.Type == hung {
+			continue
+		}
 		one := &libcni.NetworkConfigList{Name: list.Name, CNIVersion: list.CNIVersion, Plugins: list.Plugins[i : i+1], Bytes: list.Bytes}
-		if err := m.uncached.DelNetworkList(ctx, one, rt); err != nil {
+		if err := m.delList(ctx, m.uncached, one, rt); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -303,7 +355,14 @@ func (m *Manager) del(ctx context.Context, list *libcni.NetworkConfigList, rt *l
 		return errors.Join(errs...)
 	}
 	// All plugins are done: drop the cached result (a list without plugins only does that).
-	return m.cni.DelNetworkList(ctx, &libcni.NetworkConfigList{Name: list.Name, CNIVersion: list.CNIVersion}, rt)
+	return m.delList(ctx, m.cni, &libcni.NetworkConfigList{Name: list.Name, CNIVersion: list.CNIVersion}, rt)
+}
+
+// delList runs one DelNetworkList within the configured timeout.
+func (m *Manager) delList(ctx context.Context, cni *libcni.CNIConfig, list *libcni.NetworkConfigList, rt *libcni.RuntimeConf) error {
+	dctx, cancel := withTimeout(ctx, m.cfg.Timeout)
+	defer cancel()
+	return cni.DelNetworkList(dctx, list, rt)
 }
 
 // liveNetNS returns path if a namespace is still there, else "". Plugins tolerate an
