@@ -54,7 +54,7 @@ func (e *env) leakSnapshot(t *testing.T) leakSnapshot {
 	}
 	add("shim+pause processes", e.shimProcesses())
 	add("mounts", mountsUnder(e.dir))
-	add("netns pins", dirNames(filepath.Join(e.state, "netns")))
+	add("netns pins", leakDirNames(filepath.Join(e.state, "netns")))
 	add("veths", e.vethsOnBridge())
 	add("ipam reservations", e.ipamReservations())
 	add("iptables rules", e.iptablesRules())
@@ -62,10 +62,10 @@ func (e *env) leakSnapshot(t *testing.T) leakSnapshot {
 		add("cgroups/"+ctrl, dirs)
 	}
 	add("cgroup processes", e.cgroupProcs())
-	for key, files := range filesByDir(e.root, "root") {
+	for key, files := range leakFiles(e.root, "root") {
 		add(key, files)
 	}
-	for key, files := range filesByDir(e.state, "state") {
+	for key, files := range leakFiles(e.state, "state") {
 		add(key, files)
 	}
 	if e.cmd != nil && e.cmd.Process != nil {
@@ -73,8 +73,8 @@ func (e *env) leakSnapshot(t *testing.T) leakSnapshot {
 		if fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", s.pid)); err == nil {
 			s.fds = len(fds)
 		}
-		s.threads = procStatus(s.pid, "Threads")
-		s.rssKiB = procStatus(s.pid, "VmRSS")
+		s.threads = leakProcStatus(s.pid, "Threads")
+		s.rssKiB = leakProcStatus(s.pid, "VmRSS")
 	}
 	return s
 }
@@ -99,7 +99,7 @@ func (s leakSnapshot) leaks(after leakSnapshot) []string {
 	for _, k := range sorted {
 		if b, a := s.counts[k], after.counts[k]; a != b {
 			out = append(out, fmt.Sprintf("%s: %d before, %d after; new: %s; gone: %s",
-				k, b, a, clip(minus(after.what[k], s.what[k])), clip(minus(s.what[k], after.what[k]))))
+				k, b, a, leakClip(leakMinus(after.what[k], s.what[k])), leakClip(leakMinus(s.what[k], after.what[k]))))
 		}
 	}
 	if s.pid != 0 && after.pid != 0 {
@@ -214,7 +214,7 @@ func (e *env) cgroupProcs() []string {
 	return out
 }
 
-var cniChain = regexp.MustCompile(`\bCNI-(DN-|SN-)?[0-9a-f]{16,}\b`)
+var leakCNIChain = regexp.MustCompile(`\bCNI-(DN-|SN-)?[0-9a-f]{16,}\b`)
 
 // iptablesRules lists the iptables rules (every table) that belong to the env's pods:
 // the rules naming an address of its subnet, the per-pod chains CNI plugins make for
@@ -227,12 +227,12 @@ func (e *env) iptablesRules() []string {
 	if err != nil {
 		return []string{"iptables-save failed: " + err.Error()}
 	}
-	prefix := subnetPrefix(e.subnet)
+	prefix := leakSubnetPrefix(e.subnet)
 	lines := strings.Split(string(out), "\n")
 	chains := map[string]bool{}
 	for _, l := range lines {
 		if prefix != "" && strings.Contains(l, prefix) {
-			for _, c := range cniChain.FindAllString(l, -1) {
+			for _, c := range leakCNIChain.FindAllString(l, -1) {
 				chains[c] = true
 			}
 		}
@@ -248,7 +248,7 @@ func (e *env) iptablesRules() []string {
 			continue
 		}
 		mine := prefix != "" && strings.Contains(l, prefix)
-		for _, c := range cniChain.FindAllString(l, -1) {
+		for _, c := range leakCNIChain.FindAllString(l, -1) {
 			if chains[c] {
 				mine = true
 			}
@@ -260,8 +260,8 @@ func (e *env) iptablesRules() []string {
 	return rules
 }
 
-// subnetPrefix turns "10.201.33.0/24" into "10.201.33." (the env subnets are /24s).
-func subnetPrefix(cidr string) string {
+// leakSubnetPrefix turns "10.201.33.0/24" into "10.201.33." (the env subnets are /24s).
+func leakSubnetPrefix(cidr string) string {
 	ip, _, _ := strings.Cut(cidr, "/")
 	if i := strings.LastIndexByte(ip, '.'); i > 0 {
 		return ip[:i+1]
@@ -269,12 +269,12 @@ func subnetPrefix(cidr string) string {
 	return ""
 }
 
-// filesByDir walks dir and lists every file and directory below it, keyed by
+// leakFiles walks dir and lists every file and directory below it, keyed by
 // "files/<label>/<first path component>" ("files/<label>/images/snapshots",
 // "files/<label>/cni/networks": two components below images/ and cni/), leaving out
 // the metadata database (bbolt's file grows and never shrinks). It does not descend
 // into mount points (a container's rootfs, the pod's shm): those count as mounts.
-func filesByDir(dir, label string) map[string][]string {
+func leakFiles(dir, label string) map[string][]string {
 	out := map[string][]string{}
 	mounts := map[string]bool{}
 	for _, m := range mountsUnder(dir) {
@@ -302,8 +302,8 @@ func filesByDir(dir, label string) map[string][]string {
 	return out
 }
 
-// dirNames lists the names in dir (nothing when it does not exist).
-func dirNames(dir string) []string {
+// leakDirNames lists the names in dir (nothing when it does not exist).
+func leakDirNames(dir string) []string {
 	entries, _ := os.ReadDir(dir)
 	out := make([]string, 0, len(entries))
 	for _, en := range entries {
@@ -312,8 +312,8 @@ func dirNames(dir string) []string {
 	return out
 }
 
-// procStatus reads a numeric field (kB for sizes) of /proc/PID/status; 0 if unknown.
-func procStatus(pid int, field string) int {
+// leakProcStatus reads a numeric field (kB for sizes) of /proc/PID/status; 0 if unknown.
+func leakProcStatus(pid int, field string) int {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0
@@ -331,7 +331,7 @@ func procStatus(pid int, field string) int {
 }
 
 // minus returns the items of a not in b (as multisets).
-func minus(a, b []string) []string {
+func leakMinus(a, b []string) []string {
 	count := map[string]int{}
 	for _, x := range b {
 		count[x]++
@@ -347,7 +347,7 @@ func minus(a, b []string) []string {
 	return out
 }
 
-func clip(items []string) string {
+func leakClip(items []string) string {
 	if len(items) == 0 {
 		return "-"
 	}
