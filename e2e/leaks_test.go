@@ -57,11 +57,11 @@ func (e *env) leakSnapshot(t *testing.T) leakSnapshot {
 	add("netns pins", leakDirNames(filepath.Join(e.state, "netns")))
 	add("veths", e.vethsOnBridge())
 	add("ipam reservations", e.ipamReservations())
-	add("iptables rules", e.iptablesRules())
-	for ctrl, dirs := range e.cgroupTree() {
+	add("iptables rules", e.leakIptablesRules())
+	for ctrl, dirs := range e.leakCgroupTree() {
 		add("cgroups/"+ctrl, dirs)
 	}
-	add("cgroup processes", e.cgroupProcs())
+	add("cgroup processes", e.leakCgroupProcs())
 	for key, files := range leakFiles(e.root, "root") {
 		add(key, files)
 	}
@@ -168,10 +168,10 @@ func (e *env) assertNoLeaks(t *testing.T, before leakSnapshot, within time.Durat
 	}
 }
 
-// cgroupTree lists, per v1 controller and "unified", the cgroup directories below the
+// leakCgroupTree lists, per v1 controller and "unified", the cgroup directories below the
 // env's cgroup parent (recursively: pod cgroups and the container cgroups in them).
 // The parent itself is not counted: crisp creates it with the first pod.
-func (e *env) cgroupTree() map[string][]string {
+func (e *env) leakCgroupTree() map[string][]string {
 	out := map[string][]string{}
 	for _, ctrl := range append(cgroupControllers(), "unified") {
 		base := filepath.Join("/sys/fs/cgroup", ctrl, e.cgroup)
@@ -187,9 +187,9 @@ func (e *env) cgroupTree() map[string][]string {
 	return out
 }
 
-// cgroupProcs lists the processes still in any cgroup below the env's cgroup parent
+// leakCgroupProcs lists the processes still in any cgroup below the env's cgroup parent
 // (pause and container processes), by the pids controller, or memory without it.
-func (e *env) cgroupProcs() []string {
+func (e *env) leakCgroupProcs() []string {
 	ctrl := "pids"
 	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", ctrl)); err != nil {
 		ctrl = "memory"
@@ -216,13 +216,13 @@ func (e *env) cgroupProcs() []string {
 
 var leakCNIChain = regexp.MustCompile(`\bCNI-(DN-|SN-)?[0-9a-f]{16,}\b`)
 
-// iptablesRules lists the iptables rules (every table) that belong to the env's pods:
+// leakIptablesRules lists the iptables rules (every table) that belong to the env's pods:
 // the rules naming an address of its subnet, the per-pod chains CNI plugins make for
 // them (CNI-<hash>, CNI-DN-<hash>) with every rule in or jumping to those chains. Rules
 // of other envs (other subnets) and the shared chains CNI plugins create once
 // (CNI-HOSTPORT-*) are not counted, so tests running at the same time do not disturb
 // the count.
-func (e *env) iptablesRules() []string {
+func (e *env) leakIptablesRules() []string {
 	out, err := exec.Command("iptables-save").Output()
 	if err != nil {
 		return []string{"iptables-save failed: " + err.Error()}
