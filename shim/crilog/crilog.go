@@ -38,6 +38,11 @@ var ErrClosed = errors.New("crilog: writer closed")
 // Writer appends CRI log records of any number of streams to one file. Records of
 // different streams never interleave within a line: each record is written with one
 // write(2) under a lock, and the file is opened O_APPEND.
+//
+// A batch of records that cannot be written (a full disk, any write error) is dropped
+// and counted (Dropped), and what a short write left of it is cut off again, so the
+// file holds only whole records; the next batch is tried afresh, so writing resumes by
+// itself once there is space.
 type Writer struct {
 	path    string
 	maxLine int
@@ -45,6 +50,11 @@ type Writer struct {
 
 	mu sync.Mutex
 	f  *os.File
+	// brokenTail is set when a short write's remains could not be cut off: the next
+	// record starts on a new line, so that at most that fragment is unreadable.
+	brokenTail     bool
+	droppedRecords uint64
+	droppedBytes   uint64
 }
 
 // Open creates (or appends to) the log file at path, creating its directory if needed.
@@ -89,6 +99,7 @@ func (w *Writer) Reopen() error {
 		return ErrClosed
 	}
 	w.f = f
+	w.brokenTail = false // a fragment left in the old file stays there
 	w.mu.Unlock()
 	if err := old.Close(); err != nil {
 		return fmt.Errorf("close rotated log file: %w", err)
@@ -108,16 +119,58 @@ func (w *Writer) Close() error {
 	return f.Close()
 }
 
+// Dropped returns how many records, and bytes of them, could not be written so far.
+func (w *Writer) Dropped() (records, bytes uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.droppedRecords, w.droppedBytes
+}
+
+// write appends p, whole records only, with one write(2); if that fails, p is dropped
+// and counted.
 func (w *Writer) write(p []byte) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.f == nil {
 		return ErrClosed
 	}
-	if _, err := w.f.Write(p); err != nil {
-		return fmt.Errorf("write log file: %w", err)
+	if w.brokenTail {
+		if _, err := w.f.Write([]byte{'\n'}); err != nil {
+			return w.drop(p, 0, err)
+		}
+		w.brokenTail = false
+	}
+	n, err := w.f.Write(p)
+	if err != nil {
+		return w.drop(p, n, err)
 	}
 	return nil
+}
+
+// drop counts the records of p as lost after a write of them failed with err having
+// written n bytes, and removes those n bytes from the end of the file.
+func (w *Writer) drop(p []byte, n int, err error) error {
+	w.droppedRecords += uint64(bytes.Count(p, []byte{'\n'}))
+	w.droppedBytes += uint64(len(p))
+	if n > 0 {
+		if terr := w.cutTail(int64(n)); terr != nil {
+			w.brokenTail = true
+		}
+	}
+	return fmt.Errorf("write log file: %w", err)
+}
+
+// cutTail truncates the last n bytes of the file: the part of a record a short write
+// left. Only this Writer appends to the file, so its end is where that write ended.
+func (w *Writer) cutTail(n int64) error {
+	fi, err := w.f.Stat()
+	if err != nil {
+		return err
+	}
+	if fi.Size() < n {
+		return fmt.Errorf("log file is %d bytes, shorter than the %d just written", fi.Size(), n)
+	}
+	return w.f.Truncate(fi.Size() - n)
 }
 
 // Stream returns a writer for one stream (Stdout or Stderr) of the log. A Stream must be

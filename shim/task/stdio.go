@@ -103,8 +103,8 @@ func openStdio(cfg ioConfig, lp *libcontainer.Process, log *slog.Logger) (_ *std
 		lp.ConsoleSocket = child
 		switch {
 		case cfg.log != nil:
-			st := cfg.log.Stream(crilog.Stdout)
-			s.termOut, s.termOutDone = &logSink{s: st, log: log}, func() { _ = st.Close() }
+			sink, st := newLogSink(cfg.log, crilog.Stdout, log)
+			s.termOut, s.termOutDone = sink, func() { _ = st.Close() }
 		case cfg.stdout != "":
 			f, err := os.OpenFile(cfg.stdout, os.O_RDWR, 0)
 			if err != nil {
@@ -187,8 +187,8 @@ func openStdio(cfg ioConfig, lp *libcontainer.Process, log *slog.Logger) (_ *std
 			s.childFiles = append(s.childFiles, w)
 			s.owned = append(s.owned, r)
 			o.set(w)
-			st := cfg.log.Stream(o.name)
-			fan := newFanout(&logSink{s: st, log: log})
+			sink, st := newLogSink(cfg.log, o.name, log)
+			fan := newFanout(sink)
 			s.fans[o.name] = fan
 			s.outputs = append(s.outputs, output{src: r, dst: fan, done: func() {
 				fan.close()
@@ -474,18 +474,44 @@ func copyFile(dst io.Writer, src *os.File) error {
 	})
 }
 
+// logReportInterval is how often a log that keeps failing is reported again: often
+// enough to see that lines are still being lost, rarely enough that a full disk does
+// not turn the shim's own log into a flood.
+const logReportInterval = 30 * time.Second
+
 // logSink feeds a CRI log stream and keeps draining when the file cannot be written: a
-// full disk must not block the container on a full pipe.
+// full disk must not block the container on a full pipe. The records lost are counted
+// by the crilog.Writer; the sink reports the first failure, then at most once per
+// logReportInterval while failures go on, and when writing works again.
 type logSink struct {
-	s      *crilog.Stream
-	log    *slog.Logger
-	failed bool
+	s   *crilog.Stream
+	w   *crilog.Writer
+	log *slog.Logger
+	now func() time.Time
+
+	failing    bool
+	lastReport time.Time
 }
 
+func newLogSink(w *crilog.Writer, stream string, log *slog.Logger) (*logSink, *crilog.Stream) {
+	st := w.Stream(stream)
+	return &logSink{s: st, w: w, log: log.With("stream", stream, "path", w.Path()), now: time.Now}, st
+}
+
+// Write never fails and always consumes p, so that the copy from the process's pipe
+// never stops.
 func (l *logSink) Write(p []byte) (int, error) {
-	if _, err := l.s.Write(p); err != nil && !l.failed {
-		l.failed = true
-		l.log.Warn("write container log; later errors are not logged", "error", err)
+	_, err := l.s.Write(p)
+	switch {
+	case err != nil && (!l.failing || l.now().Sub(l.lastReport) >= logReportInterval):
+		records, bytes := l.w.Dropped()
+		l.log.Warn("container log not written: lines dropped, the container keeps running",
+			"error", err, "dropped_lines", records, "dropped_bytes", bytes)
+		l.failing, l.lastReport = true, l.now()
+	case err == nil && l.failing:
+		records, bytes := l.w.Dropped()
+		l.log.Info("container log written again", "dropped_lines", records, "dropped_bytes", bytes)
+		l.failing = false
 	}
 	return len(p), nil
 }
