@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -107,6 +108,10 @@ func New(cfg Config, log *slog.Logger) (*Manager, error) {
 	if err := m.init(configured); err != nil {
 		cancel()
 		return nil, err
+	}
+	if err := os.MkdirAll(cfg.PendingDir, 0o700); err != nil {
+		cancel()
+		return nil, fmt.Errorf("create pending CNI DEL dir: %w", err)
 	}
 	// DELs left pending before a restart are picked up again.
 	if ids := m.Pending(); len(ids) > 0 {
