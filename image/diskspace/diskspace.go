@@ -137,10 +137,15 @@ func Classify(err error, path string) error {
 		return err
 	}
 	// Not the free space: by now the failed write's partial data may be gone again.
-	if sp, serr := Stat(path); serr == nil {
-		return fmt.Errorf("%w: the filesystem holding %s (%s) is full: %w", err, path, Format(sp.Total), errdefs.ErrResourceExhausted)
+	var st unix.Statfs_t
+	if unix.Statfs(path, &st) != nil {
+		return fmt.Errorf("%w: the filesystem holding %s is full: %w", err, path, errdefs.ErrResourceExhausted)
 	}
-	return fmt.Errorf("%w: the filesystem holding %s is full: %w", err, path, errdefs.ErrResourceExhausted)
+	size := Format(int64(st.Blocks) * int64(st.Bsize))
+	if st.Files > 0 && st.Ffree == 0 {
+		return fmt.Errorf("%w: the filesystem holding %s (%s) is full: it has no inodes left: %w", err, path, size, errdefs.ErrResourceExhausted)
+	}
+	return fmt.Errorf("%w: the filesystem holding %s (%s) is full: %w", err, path, size, errdefs.ErrResourceExhausted)
 }
 
 // Format renders n bytes for a person: "512 MiB", "3.2 GiB", "812 B".

@@ -1,0 +1,72 @@
+package snapshot
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+)
+
+// TestPrepareFullDisk: creating a container's writable snapshot on a filesystem out of
+// inodes (ENOSPC from mkdir) is ResourceExhausted and leaves no directory and no
+// record; once inodes are freed the same Prepare succeeds.
+func TestPrepareFullDisk(t *testing.T) {
+	requireRoot(t)
+	base := t.TempDir()
+	root := filepath.Join(base, "s")
+	if err := os.Mkdir(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", root, "tmpfs", 0, "size=8m,nr_inodes=64"); err != nil {
+		t.Fatalf("mount tmpfs: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(root, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", root, err)
+		}
+	})
+	f := newFixture(t, base) // the database stays on the disk
+
+	fillers := filepath.Join(root, "tmp-fillers") // a name Open would clean up
+	if err := os.Mkdir(fillers, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; i++ {
+		err := os.Mkdir(filepath.Join(fillers, fmt.Sprint(i)), 0o700)
+		if errors.Is(err, syscall.ENOSPC) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := f.s.Prepare("ctr", "")
+	if !errdefs.IsResourceExhausted(err) {
+		t.Fatalf("prepare with no inodes left: %v, want ResourceExhausted", err)
+	}
+	t.Logf("prepare with no inodes left: %v", err)
+	if _, err := f.s.Mounts("ctr"); !errdefs.IsNotFound(err) {
+		t.Errorf("a failed prepare left a record: %v", err)
+	}
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.Name() != "tmp-fillers" {
+			t.Errorf("a failed prepare left %s", e.Name())
+		}
+	}
+
+	if err := os.RemoveAll(fillers); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.s.Prepare("ctr", ""); err != nil {
+		t.Fatalf("prepare once inodes are free: %v", err)
+	}
+}
