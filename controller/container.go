@@ -49,6 +49,8 @@ type ContainerState struct {
 	Status     string // created, running, stopped, unknown
 	ExitStatus uint32
 	ExitedAt   time.Time
+	// ShimDied: the pod's shim died, and crisp killed the container (ExitStatus 137).
+	ShimDied bool
 }
 
 func (o Options) containerBundle(id string) string {
@@ -151,9 +153,14 @@ func (c *Controller) KillContainer(ctx context.Context, sandboxID, id string, si
 	return nil
 }
 
-// WaitContainer blocks until the container's init exits.
+// WaitContainer blocks until the container's init exits. When the pod's shim dies it
+// returns once the pod's processes were killed, with ShimDied set.
 func (c *Controller) WaitContainer(ctx context.Context, sandboxID, id string) (ContainerState, error) {
-	return c.wait(ctx, sandboxID, id, "")
+	st, err := c.wait(ctx, sandboxID, id, "")
+	if err == nil || ctx.Err() != nil {
+		return st, err
+	}
+	return c.deadShimExit(ctx, sandboxID, err)
 }
 
 func (c *Controller) wait(ctx context.Context, sandboxID, id, execID string) (ContainerState, error) {

@@ -104,7 +104,8 @@ type record struct {
 
 // sandbox is a live sandbox: its record plus the connection to its shim.
 type sandbox struct {
-	// op serialises lifecycle operations (stop, remove) on one sandbox.
+	// op serialises lifecycle operations (stop, remove, reaping a dead shim's pod) on
+	// one sandbox.
 	op sync.Mutex
 
 	mu       sync.Mutex
@@ -115,6 +116,20 @@ type sandbox struct {
 	exited   bool
 	shimPid  int
 	cancel   context.CancelFunc
+	// watching is set by the first watch call: one pause watcher per sandbox.
+	watching bool
+	// Reaping a dead shim's pod (see reap.go): reaping is set when the reaper was
+	// started, cleaned once a `shim delete` killed what the pod ran, and reaped is
+	// closed by the reaper alone when it is done, with reapErr why it failed.
+	reaping  bool
+	cleaned  bool
+	reaped   chan struct{}
+	reapErr  error
+	reapedAt time.Time
+}
+
+func newSandbox(rec record) *sandbox {
+	return &sandbox{rec: rec, reaped: make(chan struct{})}
 }
 
 // Controller runs pods in shims. It is safe for concurrent use.
@@ -123,6 +138,10 @@ type Controller struct {
 	store *store.Store
 	net   *network.Manager
 	log   *slog.Logger
+	// bg bounds the controller's own background work (reaping dead shims); Close
+	// cancels it.
+	bg     context.Context
+	stopBG context.CancelFunc
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
@@ -145,7 +164,8 @@ func New(opts Options, st *store.Store, net *network.Manager, log *slog.Logger) 
 			return nil, fmt.Errorf("create %s: %w", dir, err)
 		}
 	}
-	return &Controller{opts: opts, store: st, net: net, log: log, sandboxes: map[string]*sandbox{},
+	bg, stop := context.WithCancel(context.Background())
+	return &Controller{opts: opts, store: st, net: net, log: log, bg: bg, stopBG: stop, sandboxes: map[string]*sandbox{},
 		exits: make(chan string, sandboxExitBuffer)}, nil
 }
 
@@ -185,7 +205,7 @@ func (c *Controller) Create(ctx context.Context, spec Spec) (_ *Status, retErr e
 	if ns == "" {
 		ns = "k8s.io"
 	}
-	sb := &sandbox{rec: record{
+	sb := newSandbox(record{
 		ID:          spec.ID,
 		Phase:       phaseCreating,
 		Handler:     spec.Handler,
@@ -198,7 +218,7 @@ func (c *Controller) Create(ctx context.Context, spec Spec) (_ *Status, retErr e
 			PortMappings: spec.PortMappings, Annotations: spec.Annotations, CgroupPath: spec.CgroupParent,
 		},
 		CreatedAt: time.Now(),
-	}}
+	})
 	if !spec.HostNetwork {
 		// Known before it exists, so that a crash right after creating it still leaves
 		// a record that leads Recover to it.
@@ -375,8 +395,10 @@ func (c *Controller) startShim(ctx context.Context, sb *sandbox, spec Spec) erro
 func (c *Controller) connect(ctx context.Context, sb *sandbox) error {
 	client, err := dialShim(ctx, sb.rec.Address, func() {
 		sb.mu.Lock()
+		// Close and teardown drop the client first: a close with it still set is
+		// the shim going away on its own.
 		if sb.client != nil {
-			sb.shimDead = true
+			c.markShimDeadLocked(sb, "connection to the shim closed")
 		}
 		sb.mu.Unlock()
 	})
@@ -395,16 +417,17 @@ func (c *Controller) connect(ctx context.Context, sb *sandbox) error {
 // watch waits in the background for the pause process to exit, so that status and
 // lists never have to ask the shim.
 func (c *Controller) watch(sb *sandbox) {
-	ctx, cancel := context.WithCancel(context.Background())
 	sb.mu.Lock()
+	if sb.watching || sb.svc == nil {
+		sb.mu.Unlock()
+		return
+	}
+	sb.watching = true
+	ctx, cancel := context.WithCancel(context.Background())
 	sb.cancel = cancel
 	svc := sb.svc
 	id := sb.rec.ID
 	sb.mu.Unlock()
-	if svc == nil {
-		cancel()
-		return
-	}
 	go func() {
 		resp, err := svc.WaitSandbox(ctx, &sandboxapi.WaitSandboxRequest{SandboxID: id})
 		sb.mu.Lock()
@@ -413,8 +436,8 @@ func (c *Controller) watch(sb *sandbox) {
 			return
 		}
 		if err != nil {
-			sb.shimDead = true
 			c.log.Warn("lost connection to pod shim", "pod", id, "err", err)
+			c.markShimDeadLocked(sb, "waiting for the pause process failed: "+err.Error())
 			return
 		}
 		sb.exited = true
@@ -486,10 +509,7 @@ func (c *Controller) stopSandboxProcess(ctx context.Context, sb *sandbox, svc sa
 		dead = true
 	}
 	if dead {
-		// The shim is gone: its delete command kills what it left behind.
-		if _, err := c.call(&sb.rec).delete(ctx); err != nil {
-			return fmt.Errorf("clean up after dead shim of pod %s: %w", sb.rec.ID, err)
-		}
+		return c.cleanDeadShim(ctx, sb)
 	}
 	return nil
 }
@@ -519,7 +539,7 @@ func (c *Controller) isShimGone(sb *sandbox) bool {
 		return true
 	}
 	if sb.shimPid > 0 && !processAlive(sb.shimPid) {
-		sb.shimDead = true
+		c.markShimDeadLocked(sb, "the shim process exited")
 	}
 	return sb.shimDead
 }
@@ -686,6 +706,7 @@ func (c *Controller) forget(id string) {
 
 // Close drops the connections to every shim; the shims and their pods keep running.
 func (c *Controller) Close() {
+	c.stopBG()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, sb := range c.sandboxes {

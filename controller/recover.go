@@ -33,7 +33,7 @@ func (c *Controller) Recover(ctx context.Context) ([]string, error) {
 	}
 	var ids []string
 	for _, r := range recs {
-		sb := &sandbox{rec: r}
+		sb := newSandbox(r)
 		c.mu.Lock()
 		c.sandboxes[r.ID] = sb
 		c.mu.Unlock()
@@ -70,7 +70,7 @@ func (c *Controller) Recover(ctx context.Context) ([]string, error) {
 		if err != nil {
 			c.log.Warn("pod shim is gone; pod is not ready", "pod", r.ID, "err", err)
 			sb.mu.Lock()
-			sb.shimDead = true
+			c.markShimDeadLocked(sb, "the shim did not answer at recovery: "+err.Error())
 			sb.mu.Unlock()
 			continue
 		}

@@ -66,10 +66,25 @@ type container struct {
 	rec     containerRecord
 	config  *runtime.ContainerConfig
 	nameKey string
-	exited  chan struct{} // closed when the monitor saw the exit
-	cancel  context.CancelFunc
-	entry   *runtime.Container // the list entry, built by listEntry
+	// exited is closed, once (markExited), when the container is known to run no more:
+	// its monitor saw the exit, its start failed, or its record says so at recovery.
+	// A created container's stays open across a restart until it is started.
+	exited   chan struct{}
+	exitOnce sync.Once
+	// monitored is set by the first monitor call: one exit monitor per container,
+	// whatever the order of recovery, StartContainer and exits.
+	monitored bool
+	cancel    context.CancelFunc
+	entry     *runtime.Container // the list entry, built by listEntry
 }
+
+func newContainer(rec containerRecord, cfg *runtime.ContainerConfig, nameKey string) *container {
+	return &container{rec: rec, config: cfg, nameKey: nameKey, exited: make(chan struct{})}
+}
+
+// markExited closes exited; every path that learns of the end of the container calls
+// it, and only the first closes.
+func (c *container) markExited() { c.exitOnce.Do(func() { close(c.exited) }) }
 
 func (c *container) snapshot() containerRecord {
 	c.mu.Lock()
@@ -111,13 +126,13 @@ func (s *Service) recoverContainers(ctx context.Context) error {
 		if err := protojson.Unmarshal(rec.Config, &cfg); err != nil {
 			return fmt.Errorf("decode config of container %s: %w", id, err)
 		}
-		c := &container{rec: rec, config: &cfg, exited: make(chan struct{})}
+		c := newContainer(rec, &cfg, "")
 		if p := s.pods[rec.PodID]; p != nil {
 			c.nameKey = containerName(cfg.GetMetadata(), p.config.GetMetadata())
 			_ = s.names.reserve(c.nameKey, id)
 		}
-		if rec.State != stateRunning {
-			close(c.exited)
+		if rec.State == stateExited {
+			c.markExited()
 		}
 		s.containers[id] = c
 		list = append(list, c)
@@ -266,15 +281,10 @@ func (s *Service) createContainer(ctx context.Context, p *pod, st *controller.St
 	// is the repo digest of the repository the user named (kubelet passes the image ID
 	// in image and the pod spec's name in user_specified_image), as containerd reports.
 	imageRef := img.RepoDigest(userImage(cfg.GetImage()))
-	c := &container{
-		rec: containerRecord{
-			ID: id, PodID: p.rec.ID, Config: raw, ImageID: img.ID, ImageRef: imageRef, LogPath: logPath,
-			State: stateCreated, CreatedAt: time.Now().UnixNano(), User: res.User, StopSignal: int(stopSig),
-		},
-		config:  cfg,
-		nameKey: nameKey,
-		exited:  make(chan struct{}),
-	}
+	c := newContainer(containerRecord{
+		ID: id, PodID: p.rec.ID, Config: raw, ImageID: img.ID, ImageRef: imageRef, LogPath: logPath,
+		State: stateCreated, CreatedAt: time.Now().UnixNano(), User: res.User, StopSignal: int(stopSig),
+	}, cfg, nameKey)
 	if err := s.store.Put(containerBucket, id, c.rec); err != nil {
 		return "", err
 	}
@@ -399,7 +409,7 @@ func (s *Service) StartContainer(ctx context.Context, req *runtime.StartContaine
 		c.rec.State, c.rec.FinishedAt, c.rec.ExitCode, c.rec.Reason, c.rec.Message = stateExited, time.Now().UnixNano(), 128, "StartError", err.Error()
 		r := c.rec
 		c.mu.Unlock()
-		close(c.exited)
+		c.markExited()
 		_ = s.store.Put(containerBucket, r.ID, r)
 		// It will never run: kubelet must see it exited like any other stop.
 		s.emitContainerEvent(r.ID, r.PodID, runtime.ContainerEventType_CONTAINER_STOPPED_EVENT)
@@ -418,14 +428,22 @@ func (s *Service) StartContainer(ctx context.Context, req *runtime.StartContaine
 	return &runtime.StartContainerResponse{}, nil
 }
 
-// monitor waits in the background for the container's exit and records it.
+// monitor waits in the background for the container's exit and records it. Only the
+// first call starts one; removeContainer stops it.
 func (s *Service) monitor(c *container) {
-	ctx, cancel := context.WithCancel(context.Background())
 	c.mu.Lock()
+	if c.monitored {
+		c.mu.Unlock()
+		return
+	}
+	c.monitored = true
+	ctx, cancel := context.WithCancel(s.bg)
 	c.cancel = cancel
 	rec := c.rec
 	c.mu.Unlock()
+	s.monitors.Add(1)
 	go func() {
+		defer s.monitors.Done()
 		defer cancel()
 		st, err := s.ctrl.WaitContainer(ctx, rec.PodID, rec.ID)
 		if ctx.Err() != nil {
@@ -434,7 +452,7 @@ func (s *Service) monitor(c *container) {
 		// The reason is settled before the exit is published: a ContainerStatus
 		// between the two would otherwise report an OOM kill as "Error".
 		oom := false
-		if err == nil {
+		if err == nil && !st.ShimDied {
 			octx, ocancel := context.WithTimeout(context.Background(), 5*time.Second)
 			killed, oerr := s.ctrl.OOMKilled(octx, rec.PodID, rec.ID)
 			ocancel()
@@ -445,32 +463,43 @@ func (s *Service) monitor(c *container) {
 			c.mu.Unlock()
 			return
 		}
-		c.rec.State = stateExited
-		if err != nil {
-			c.rec.FinishedAt, c.rec.ExitCode, c.rec.Reason = time.Now().UnixNano(), 255, "Unknown"
-			c.rec.Message = fmt.Sprintf("lost the container: %v", err)
-		} else {
-			c.rec.FinishedAt, c.rec.ExitCode = st.ExitedAt.UnixNano(), int32(st.ExitStatus)
-			switch {
-			case oom:
-				c.rec.Reason = "OOMKilled"
-			case st.ExitStatus != 0:
-				c.rec.Reason = "Error"
-			default:
-				c.rec.Reason = "Completed"
-			}
-		}
+		c.exitRecord(st, err, oom)
 		r := c.rec
 		c.mu.Unlock()
 		// Before exited is closed: RemoveContainer waits for it, so STOPPED always
 		// precedes DELETED.
 		s.emitContainerEvent(r.ID, r.PodID, runtime.ContainerEventType_CONTAINER_STOPPED_EVENT)
-		close(c.exited)
+		c.markExited()
 		if err := s.store.Put(containerBucket, r.ID, r); err != nil {
 			s.log.Error("record container exit", "container", r.ID, "err", err)
 		}
 		s.log.Info("container exited", "container", r.ID, "exit_code", r.ExitCode, "reason", r.Reason)
 	}()
+}
+
+// exitRecord fills in how the container ended from its monitor's wait: st and err
+// from WaitContainer, oom from the shim. c.mu must be held.
+func (c *container) exitRecord(st controller.ContainerState, err error, oom bool) {
+	c.rec.State = stateExited
+	switch {
+	case err != nil:
+		c.rec.FinishedAt, c.rec.ExitCode, c.rec.Reason = time.Now().UnixNano(), 255, "Unknown"
+		c.rec.Message = fmt.Sprintf("lost the container: %v", err)
+	case st.ShimDied:
+		// As containerd reports a task whose shim died: killed, 137.
+		c.rec.FinishedAt, c.rec.ExitCode, c.rec.Reason = st.ExitedAt.UnixNano(), int32(st.ExitStatus), "Error"
+		c.rec.Message = "the pod's shim died; crisp killed every process of the pod"
+	default:
+		c.rec.FinishedAt, c.rec.ExitCode = st.ExitedAt.UnixNano(), int32(st.ExitStatus)
+		switch {
+		case oom:
+			c.rec.Reason = "OOMKilled"
+		case st.ExitStatus != 0:
+			c.rec.Reason = "Error"
+		default:
+			c.rec.Reason = "Completed"
+		}
+	}
 }
 
 // StopContainer sends the stop signal, then SIGKILL after the timeout (0: at once).

@@ -53,6 +53,13 @@ type Service struct {
 	// runtime handler and RunPodSandbox refuses userns pods without it).
 	usernsSupported bool
 
+	// bg is the context of the container exit monitors; Close cancels it and waits
+	// for them (monitors), so that no monitor takes the controller's closing of its
+	// shim connections for an exit and records it.
+	bg       context.Context
+	stopBG   context.CancelFunc
+	monitors sync.WaitGroup
+
 	mu         sync.RWMutex
 	pods       map[string]*pod
 	containers map[string]*container
@@ -115,7 +122,16 @@ func New(cfg config.Config, st *store.Store, ctrl *controller.Controller, net *n
 		userns = false
 		log.Warn("user namespaces are not supported here: pods with hostUsers: false are refused and not advertised", "err", err)
 	}
-	return &Service{cfg: cfg, store: st, ctrl: ctrl, net: net, images: images, log: log, rroSupported: rro, usernsSupported: userns, names: newNameIndex(), pods: map[string]*pod{}, containers: map[string]*container{}}
+	bg, stop := context.WithCancel(context.Background())
+	return &Service{cfg: cfg, store: st, ctrl: ctrl, net: net, images: images, log: log, rroSupported: rro, usernsSupported: userns, names: newNameIndex(), pods: map[string]*pod{}, containers: map[string]*container{},
+		bg: bg, stopBG: stop}
+}
+
+// Close stops the container exit monitors and waits for them; call it before the
+// controller's Close. Containers keep running; the next start monitors them again.
+func (s *Service) Close() {
+	s.stopBG()
+	s.monitors.Wait()
 }
 
 // Recover loads the pods from the store after a restart. liveSandboxes are the ids the

@@ -92,6 +92,9 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		return fmt.Errorf("open image store: %w", err)
 	}
 	svc := cri.New(cfg, st, ctrl, netMgr, images, log.With("component", "cri"))
+	// Before ctrl.Close (defers run last first): exit monitors must be gone before the
+	// shim connections they wait on are closed.
+	defer svc.Close()
 	if err := svc.Recover(ctx, live); err != nil {
 		return err
 	}

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/vishvananda/netns"
+
+	"github.com/crisp-runtime/crisp/proc"
 )
 
 // inNetns runs fn on a thread switched into the network namespace at path.
@@ -108,17 +110,14 @@ func nsenterOut(t *testing.T, args ...string) string {
 	return string(out)
 }
 
+// alive reports whether pid can still run code: not gone, not a zombie, not in exit
+// (a pid namespace's init stays in exit until the host init reaped its namespace).
 func alive(pid int) bool {
 	if pid <= 0 {
 		return false
 	}
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	s := string(data)
-	i := strings.LastIndexByte(s, ')')
-	return i > 0 && i+2 < len(s) && s[i+2] != 'Z'
+	st, err := proc.ReadStat(pid)
+	return err == nil && !st.Exiting()
 }
 
 func nsInode(t *testing.T, path string) uint64 {

@@ -17,6 +17,17 @@ type Stat struct {
 	// StartTime is the time the process started, in clock ticks since boot; together
 	// with the pid it names one process for the lifetime of the machine.
 	StartTime uint64
+	// Flags are the kernel's per-process flags (PF_*, field 9).
+	Flags uint64
+}
+
+// pfExiting is the kernel's PF_EXITING: the process is in exit and never runs user
+// code again.
+const pfExiting = 0x4
+
+// Exiting reports whether the process has begun to exit (or is a zombie already).
+func (s Stat) Exiting() bool {
+	return s.Flags&pfExiting != 0 || s.State == 'Z' || s.State == 'X' || s.State == 'x'
 }
 
 // ErrNotExist reports that no process with the pid exists.
@@ -48,8 +59,8 @@ func ParseStat(data []byte) (Stat, error) {
 		return Stat{}, errors.New("malformed stat: no comm field")
 	}
 	fields := strings.Fields(string(data[i+2:]))
-	// fields[0] is field 3 (state); starttime is field 22.
-	const startTimeIdx = 22 - 3
+	// fields[0] is field 3 (state); flags is field 9, starttime field 22.
+	const flagsIdx, startTimeIdx = 9 - 3, 22 - 3
 	if len(fields) <= startTimeIdx || len(fields[0]) != 1 {
 		return Stat{}, fmt.Errorf("malformed stat: %d fields after comm", len(fields))
 	}
@@ -57,7 +68,11 @@ func ParseStat(data []byte) (Stat, error) {
 	if err != nil {
 		return Stat{}, fmt.Errorf("malformed stat: starttime %q: %w", fields[startTimeIdx], err)
 	}
-	return Stat{State: fields[0][0], StartTime: start}, nil
+	flags, err := strconv.ParseUint(fields[flagsIdx], 10, 64)
+	if err != nil {
+		return Stat{}, fmt.Errorf("malformed stat: flags %q: %w", fields[flagsIdx], err)
+	}
+	return Stat{State: fields[0][0], StartTime: start, Flags: flags}, nil
 }
 
 // Alive reports whether pid still names the process that had startTime and has not

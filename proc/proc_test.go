@@ -14,6 +14,7 @@ func TestParseStat(t *testing.T) {
 		in        string
 		wantState byte
 		wantStart uint64
+		wantExit  bool
 		wantErr   bool
 	}{
 		{
@@ -24,8 +25,14 @@ func TestParseStat(t *testing.T) {
 		{
 			name:      "comm with spaces and parens",
 			in:        "42 (a) b) (c) Z 1 42 42 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 55 0 0 0",
-			wantState: 'Z', wantStart: 55,
+			wantState: 'Z', wantStart: 55, wantExit: true,
 		},
+		{
+			name:      "in exit (PF_EXITING)",
+			in:        "7 (pause) S 1 7 7 0 -1 4194308 0 0 0 0 0 0 0 0 20 0 1 0 99 0 0 0",
+			wantState: 'S', wantStart: 99, wantExit: true,
+		},
+		{name: "bad flags", in: "1 (x) S 1 1 1 0 -1 nope 0 0 0 0 0 0 0 0 20 0 1 0 5 0", wantErr: true},
 		{name: "truncated", in: "42 (x) S 1 2 3", wantErr: true},
 		{name: "no comm", in: "garbage", wantErr: true},
 		{name: "bad starttime", in: "1 (x) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 nope 0", wantErr: true},
@@ -36,8 +43,8 @@ func TestParseStat(t *testing.T) {
 			if (err != nil) != tt.wantErr {
 				t.Fatalf("err = %v, wantErr %v", err, tt.wantErr)
 			}
-			if err == nil && (st.State != tt.wantState || st.StartTime != tt.wantStart) {
-				t.Fatalf("got %+v, want state %c start %d", st, tt.wantState, tt.wantStart)
+			if err == nil && (st.State != tt.wantState || st.StartTime != tt.wantStart || st.Exiting() != tt.wantExit) {
+				t.Fatalf("got %+v (exiting %v), want state %c start %d exiting %v", st, st.Exiting(), tt.wantState, tt.wantStart, tt.wantExit)
 			}
 		})
 	}

@@ -12,20 +12,25 @@ import (
 
 	taskapi "github.com/crisp-runtime/crisp/api/containerd/task/v3"
 	"github.com/crisp-runtime/crisp/shim/sandbox"
+	"github.com/crisp-runtime/crisp/shim/task"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
-// Delete implements `shim-runc delete`: clean up after a dead shim (pause process, pod
-// cgroup, socket) and print a protobuf DeleteResponse. Running it twice is harmless.
+// Delete implements `shim-runc delete`: clean up after a dead shim (its containers'
+// processes, cgroups and rootfs mounts, then the pause process, the pod cgroup and the
+// socket) and print a protobuf DeleteResponse. Running it twice is harmless.
 func Delete(ctx context.Context, f Flags, stdout io.Writer, log *slog.Logger) error {
 	bundle, err := bundleDir(f.Bundle)
 	if err != nil {
 		return err
 	}
+	// Containers before the pause process: they hold its namespaces, and their cgroups
+	// are siblings of the pod cgroup that Cleanup removes.
+	ctrErr := task.CleanupDead(filepath.Join(bundle, TaskStateDir), log)
 	exit, cleanupErr := sandbox.Cleanup(ctx, bundle, log)
 	sockErr := removeSocket(f, bundle)
-	if err := errors.Join(cleanupErr, sockErr); err != nil {
+	if err := errors.Join(ctrErr, cleanupErr, sockErr); err != nil {
 		return fmt.Errorf("delete %s: %w", f.ID, err)
 	}
 	data, err := proto.Marshal(&taskapi.DeleteResponse{

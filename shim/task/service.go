@@ -427,41 +427,10 @@ func validID(id string) bool {
 	return true
 }
 
-// clearStale removes a state directory of id that no container of this shim owns. A shim
-// killed in the middle of a start leaves one without state.json; nothing was recorded in
-// it, so nothing can run from it.
+// clearStale destroys a container of id that no container of this shim owns, left by
+// an earlier shim of this pod, before the id is created again.
 func (s *Service) clearStale(id string) error {
-	dir := filepath.Join(s.root, id)
-	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	lc, err := libcontainer.Load(s.root, id)
-	if err != nil {
-		s.log.Warn("removing unusable container state", "container", id, "dir", dir, "error", err)
-		if err := os.RemoveAll(dir); err != nil {
-			return fmt.Errorf("remove stale state: %w", err)
-		}
-		return nil
-	}
-	s.log.Warn("destroying container left by an earlier shim", "container", id)
-	_ = lc.Signal(unix.SIGKILL)
-	if pids, err := lc.Processes(); err == nil {
-		for _, pid := range pids {
-			_ = unix.Kill(pid, unix.SIGKILL)
-		}
-	}
-	deadline := time.Now().Add(killTimeout)
-	for {
-		st, err := lc.Status()
-		if err != nil || st == libcontainer.Stopped {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("stale container %s still running after SIGKILL", id)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return s.destroyLibcontainer(lc)
+	return destroyStale(s.root, id, s.destroyLibcontainer, s.log)
 }
 
 // destroyLibcontainer removes the container's cgroup leaf and state. Reaping is held off:

@@ -1,0 +1,178 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// ctrPid is the host pid of a container's init, from ContainerStatus's verbose info.
+func (e *env) ctrPid(ctx context.Context, id string) int {
+	e.t.Helper()
+	resp, err := e.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: id, Verbose: true})
+	if err != nil {
+		e.t.Fatalf("ContainerStatus %s: %v", id, err)
+	}
+	var info struct {
+		Pid int `json:"pid"`
+	}
+	if err := json.Unmarshal([]byte(resp.Info["info"]), &info); err != nil || info.Pid == 0 {
+		e.t.Fatalf("no pid in verbose info of %s: %v %q", id, err, resp.Info["info"])
+	}
+	return info.Pid
+}
+
+// assertNoPanic fails the test when criserver died by itself or logged a panic.
+func (e *env) assertNoPanic(t *testing.T) {
+	t.Helper()
+	if e.cmd != nil && e.cmd.ProcessState != nil {
+		t.Errorf("criserver exited by itself: %v", e.cmd.ProcessState)
+	}
+	if log := e.log(); strings.Contains(log, "panic:") {
+		t.Errorf("criserver panicked:\n%s", logLinesWith(log, "panic", "goroutine"))
+	}
+}
+
+// A container created before a restart (kill -9 or SIGTERM) is started after it: its
+// exit monitor must start once (it was closed twice: "close of closed channel").
+func TestE2ERestartThenStartCreated(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	ctx := ctxT(t)
+	img := e.busybox(ctx)
+	pod := e.podConfig("created")
+	podID := e.runPod(ctx, pod)
+	for _, restart := range []struct {
+		name string
+		stop func()
+	}{{"kill9", e.kill9}, {"sigterm", e.stop}} {
+		resp, err := e.rt.CreateContainer(ctx, &cri.CreateContainerRequest{PodSandboxId: podID, SandboxConfig: pod,
+			Config: ctrConfig("c-"+restart.name, img, "sh", "-c", "sleep 0.5; exit 3")})
+		if err != nil {
+			t.Fatalf("%s: CreateContainer: %v", restart.name, err)
+		}
+		restart.stop()
+		e.start()
+		if _, err := e.rt.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
+			t.Fatalf("%s: StartContainer after restart: %v", restart.name, err)
+		}
+		st := e.waitExit(ctx, resp.ContainerId, 10*time.Second)
+		if st.ExitCode != 3 || st.Reason != "Error" {
+			t.Errorf("%s: exit %d reason %q, want 3 Error", restart.name, st.ExitCode, st.Reason)
+		}
+		time.Sleep(200 * time.Millisecond) // a second monitor would close exited now
+		if _, err := e.rt.Version(ctx, &cri.VersionRequest{}); err != nil {
+			t.Fatalf("%s: criserver gone after the exit: %v", restart.name, err)
+		}
+		e.assertNoPanic(t)
+	}
+	e.stopRemove(ctx, t, podID)
+	e.assertNodeClean(t)
+}
+
+// A clean SIGTERM stop closes the shim connections: the exit monitors must not take
+// that for exits and record running containers as exited.
+func TestE2ESigtermKeepsRunningContainers(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	ctx := ctxT(t)
+	img := e.busybox(ctx)
+	pod := e.podConfig("term")
+	podID := e.runPod(ctx, pod)
+	id := e.runCtr(ctx, podID, pod, ctrConfig("sleeper", img, "sleep", "1000"))
+	pid := e.ctrPid(ctx, id)
+	for range 2 {
+		e.stop()
+		e.start()
+		resp, err := e.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: id})
+		if err != nil || resp.Status.State != cri.ContainerState_CONTAINER_RUNNING {
+			t.Fatalf("after SIGTERM restart: %v %v (pid %d alive: %v)", resp.GetStatus(), err, pid, alive(pid))
+		}
+	}
+	if got := e.ctrPid(ctx, id); got != pid {
+		t.Errorf("container pid %d -> %d", pid, got)
+	}
+	e.stopRemove(ctx, t, podID)
+	e.assertNodeClean(t)
+}
+
+// A shim killed under running containers takes them with it: the pod is NotReady and
+// the containers Exited (Error, 137) only once the pause and container processes are
+// dead; stop and remove then leave nothing. Once with criserver watching, once with
+// the shim killed while criserver is down.
+func TestE2EShimDeathKillsPod(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	ctx := ctxT(t)
+	img := e.busybox(ctx)
+	for _, tc := range []struct {
+		name string
+		down bool
+	}{{"live", false}, {"while-down", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := e.podConfig("shimdeath-" + tc.name)
+			podID := e.runPod(ctx, pod)
+			_, info := e.status(ctx, podID)
+			ctrs := []string{
+				e.runCtr(ctx, podID, pod, ctrConfig("a", img, "sleep", "1000")),
+				e.runCtr(ctx, podID, pod, ctrConfig("b", img, "sh", "-c", "trap '' TERM; while true; do sleep 1; done")),
+			}
+			pids := []int{info.Pid}
+			for _, id := range ctrs {
+				pids = append(pids, e.ctrPid(ctx, id))
+			}
+			if tc.down {
+				e.kill9()
+			}
+			killed := time.Now()
+			if err := syscall.Kill(info.ShimPid, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			if tc.down {
+				e.start()
+			}
+			// Exited is reported only after the kill: every pid must be dead by then.
+			var detected time.Duration
+			for _, id := range ctrs {
+				st := e.waitExit(ctx, id, 10*time.Second)
+				if detected == 0 {
+					detected = time.Since(killed)
+				}
+				for _, pid := range pids {
+					if alive(pid) {
+						t.Errorf("container %s reported exited while pid %d still runs", id, pid)
+					}
+				}
+				if st.ExitCode != 137 || st.Reason != "Error" || !strings.Contains(st.Message, "shim died") {
+					t.Errorf("container %s: exit %d reason %q message %q, want 137 Error naming the shim's death", id, st.ExitCode, st.Reason, st.Message)
+				}
+			}
+			ps, _ := e.status(ctx, podID)
+			if ps.State != cri.PodSandboxState_SANDBOX_NOTREADY {
+				t.Errorf("pod %v after its shim died", ps.State)
+			}
+			t.Logf("%s: containers reported exited %v after the shim kill", tc.name, detected)
+			if !tc.down && detected > 2*time.Second {
+				t.Errorf("exit of a dead shim's containers took %v", detected)
+			}
+			for _, cg := range e.podCgroups() {
+				for _, id := range ctrs {
+					if strings.Contains(cg, id) {
+						t.Errorf("container cgroup %s left after the shim died", cg)
+					}
+				}
+			}
+			t0 := time.Now()
+			e.stopRemove(ctx, t, podID)
+			t.Logf("%s: stop+remove of the dead pod took %v", tc.name, time.Since(t0))
+			e.assertPodGone(t, podID, info)
+		})
+	}
+	e.assertNoPanic(t)
+	e.assertNodeClean(t)
+}

@@ -1,0 +1,102 @@
+package task
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/crisp-runtime/crisp/mount"
+	"github.com/opencontainers/runc/libcontainer"
+	"golang.org/x/sys/unix"
+)
+
+// CleanupDead kills and removes every container recorded under root, the libcontainer
+// state root of a shim that is gone: `shim-runc delete` runs it so that a dead shim's
+// containers die with it instead of running on untracked (kubelet would start a second
+// copy of each). For each container: every process of its cgroup killed, its cgroup
+// leaves and state removed, its rootfs unmounted. Running it twice is harmless.
+func CleanupDead(root string, log *slog.Logger) error {
+	entries, err := os.ReadDir(root)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read container states: %w", err)
+	}
+	var errs []error
+	for _, e := range entries {
+		if !e.IsDir() || !validID(e.Name()) {
+			continue
+		}
+		if err := destroyStale(root, e.Name(), func(lc *libcontainer.Container) error { return lc.Destroy() }, log); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// destroyStale kills and destroys container id under root that no live shim tracks;
+// destroy removes its libcontainer state and cgroup (the running shim holds off its
+// reaper meanwhile, `delete` has none). A state dir libcontainer cannot load (a shim
+// killed in the middle of a create leaves one without state.json) is removed: nothing
+// was recorded in it, so nothing can run from it.
+func destroyStale(root, id string, destroy func(*libcontainer.Container) error, log *slog.Logger) error {
+	dir := filepath.Join(root, id)
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	lc, err := libcontainer.Load(root, id)
+	if err != nil {
+		log.Warn("removing unusable container state", "container", id, "dir", dir, "error", err)
+		if err := os.RemoveAll(dir); err != nil {
+			return fmt.Errorf("remove stale state of container %s: %w", id, err)
+		}
+		return nil
+	}
+	log.Warn("destroying container left by a dead shim", "container", id)
+	if err := killStale(lc); err != nil {
+		return err
+	}
+	rootfs := lc.Config().Rootfs
+	if err := destroy(lc); err != nil {
+		return fmt.Errorf("destroy stale container %s: %w", id, err)
+	}
+	if rootfs != "" {
+		if err := mount.Unmount(rootfs); err != nil {
+			return fmt.Errorf("stale container %s: %w", id, err)
+		}
+	}
+	return nil
+}
+
+// killStale kills every process of lc's cgroup and waits until libcontainer reports it
+// stopped. The cgroup is frozen while its pids are read and signalled, so that none can
+// exit and have its pid reused by an unrelated process in between.
+func killStale(lc *libcontainer.Container) error {
+	frozen := lc.Pause() == nil
+	// The init first: it is the one libcontainer judges the container by, and with a
+	// private PID namespace its death takes every other process along.
+	_ = lc.Signal(unix.SIGKILL)
+	if pids, err := lc.Processes(); err == nil {
+		for _, pid := range pids {
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+	}
+	if frozen {
+		_ = lc.Resume()
+	}
+	deadline := time.Now().Add(killTimeout)
+	for {
+		st, err := lc.Status()
+		if err != nil || st == libcontainer.Stopped {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("stale container %s still running %s after SIGKILL", lc.ID(), killTimeout)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
