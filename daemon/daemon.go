@@ -86,7 +86,9 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			Insecure:               cfg.Registry.Insecure,
 			MaxConcurrentDownloads: cfg.Registry.MaxConcurrentDownloads,
 		},
-		Pinned: cfg.Image.Pinned,
+		Pinned:         cfg.Image.Pinned,
+		MinFreeBytes:   cfg.Image.MinFreeBytes,
+		MinFreePercent: cfg.Image.MinFreePercent,
 	}, st, log.With("component", "image"))
 	if err != nil {
 		return fmt.Errorf("open image store: %w", err)
