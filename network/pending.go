@@ -87,7 +87,9 @@ func (m *Manager) teardownFailed(p Pod, failed []attachment, err error) error {
 	m.failures[p.ID]++
 	n := m.failures[p.ID]
 	m.mu.Unlock()
-	err = fmt.Errorf("tear down network of pod %s (%s/%s), attempt %d of %d: %w", p.ID, p.Namespace, p.Name, n, teardownAttempts, err)
+	// The caller names the pod; this says what happens next.
+	err = fmt.Errorf("CNI DEL of %s/%s failed, attempt %d of %d (after the last the namespace goes and the DEL is retried in the background): %w",
+		p.Namespace, p.Name, n, teardownAttempts, err)
 	if n < teardownAttempts {
 		return retryable(err)
 	}
