@@ -15,7 +15,7 @@ SHIMBUILD := CGO_ENABLED=1 $(GO) build -trimpath -tags '$(TAGS) osusergo netgo' 
 	-ldflags '$(LDFLAGS) -linkmode external -extldflags -static'
 DEPS      := busybox-static containernetworking-plugins libseccomp-dev libc6-dev iproute2 iptables gcc make
 
-.PHONY: all build criserver shim install run test unit e2e deps criu lint clean bench
+.PHONY: all build criserver shim install run test unit e2e deps criu lint clean bench chaos
 
 all: build
 
@@ -53,6 +53,16 @@ run: deps build
 test: deps criu
 	CGO_ENABLED=1 $(GO) vet -tags '$(TAGS)' ./...
 	CGO_ENABLED=1 $(GO) test -tags '$(TAGS)' -count=1 -p 1 -timeout 20m ./...
+
+# chaos runs the fault-injection suite (e2e/chaos_test.go and e2e/leaks_test.go; root)
+# bigger than `make test` runs it: CHAOS_SCALE=5 means 6 clients cycling pods while
+# criserver is killed 25 times, 10 shims killed, 30 kills during CreateContainer and
+# 30 during PullImage, leak accounting after each. CHAOSFLAGS passes more flags, e.g.
+# CHAOSFLAGS='-chaos.kills=100 -chaos.kill-max=20s' (see `go test ./e2e -args -h`).
+CHAOS_SCALE ?= 5
+chaos: deps
+	CGO_ENABLED=1 $(GO) test -tags '$(TAGS)' -count=1 -p 1 -run 'TestE2EChaos' -v -timeout 60m ./e2e/ \
+		-args -chaos.scale=$(CHAOS_SCALE) $(CHAOSFLAGS)
 
 # bench compares crisp with Debian's containerd 1.6 on this machine (root; ~6 min):
 # both runtimes get their own dirs under /run/crisp-bench, the same images from a
