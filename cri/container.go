@@ -129,7 +129,7 @@ func (s *Service) recoverContainers(ctx context.Context) error {
 		c := newContainer(rec, &cfg, "")
 		if p := s.pods[rec.PodID]; p != nil {
 			c.nameKey = containerName(cfg.GetMetadata(), p.config.GetMetadata())
-			_ = s.names.reserve(c.nameKey, id)
+			_ = s.ctrNames.reserve(c.nameKey, id)
 		}
 		if rec.State == stateExited {
 			c.markExited()
@@ -207,12 +207,12 @@ func (s *Service) createContainer(ctx context.Context, p *pod, st *controller.St
 
 	// 1. The name.
 	nameKey := containerName(cfg.GetMetadata(), p.config.GetMetadata())
-	if err := s.names.reserve(nameKey, id); err != nil {
+	if err := s.ctrNames.reserve(nameKey, id); err != nil {
 		return "", err
 	}
 	defer func() {
 		if retErr != nil {
-			s.names.release(nameKey, id)
+			s.ctrNames.release(nameKey, id)
 		}
 	}()
 
@@ -591,7 +591,7 @@ func (s *Service) removeContainer(ctx context.Context, c *container) error {
 	s.mu.Lock()
 	delete(s.containers, rec.ID)
 	s.mu.Unlock()
-	s.names.release(c.nameKey, rec.ID)
+	s.ctrNames.release(c.nameKey, rec.ID)
 	s.emitContainerEvent(rec.ID, rec.PodID, runtime.ContainerEventType_CONTAINER_DELETED_EVENT)
 	return nil
 }

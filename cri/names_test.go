@@ -9,7 +9,7 @@ import (
 )
 
 func TestNameIndexConcurrentReserve(t *testing.T) {
-	n := newNameIndex()
+	n := newNameIndex("pod")
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	won := 0
@@ -33,7 +33,7 @@ func TestNameIndexConcurrentReserve(t *testing.T) {
 }
 
 func TestNameIndexReleaseOnlyByHolder(t *testing.T) {
-	n := newNameIndex()
+	n := newNameIndex("container")
 	if err := n.reserve("x", "a"); err != nil {
 		t.Fatal(err)
 	}
@@ -47,5 +47,16 @@ func TestNameIndexReleaseOnlyByHolder(t *testing.T) {
 	n.release("x", "a")
 	if err := n.reserve("x", "b"); err != nil {
 		t.Fatalf("after release: %v", err)
+	}
+}
+
+func TestNameIndexNamesItsKind(t *testing.T) {
+	n := newNameIndex("container")
+	if err := n.reserve("c_pod_ns_uid_0", "c1"); err != nil {
+		t.Fatal(err)
+	}
+	err := n.reserve("c_pod_ns_uid_0", "c2")
+	if !errdefs.IsAlreadyExists(err) || !strings.Contains(err.Error(), "already reserved for container c1") {
+		t.Fatalf("err = %v, want AlreadyExists naming container c1", err)
 	}
 }

@@ -58,12 +58,12 @@ func (s *Service) RunPodSandbox(ctx context.Context, req *runtime.RunPodSandboxR
 
 	// 1. Reserve the name: a concurrent call with the same metadata fails here.
 	nameKey := podName(md)
-	if err := s.names.reserve(nameKey, id); err != nil {
+	if err := s.podNames.reserve(nameKey, id); err != nil {
 		return nil, err
 	}
 	defer func() {
 		if retErr != nil {
-			s.names.release(nameKey, id)
+			s.podNames.release(nameKey, id)
 		}
 	}()
 
@@ -263,7 +263,7 @@ func (s *Service) RemovePodSandbox(ctx context.Context, req *runtime.RemovePodSa
 	s.mu.Lock()
 	delete(s.pods, id)
 	s.mu.Unlock()
-	s.names.release(p.nameKey, id)
+	s.podNames.release(p.nameKey, id)
 	if s.evs.markStopped(id) {
 		s.publishEvent(id, runtime.ContainerEventType_CONTAINER_STOPPED_EVENT, evState)
 	}

@@ -37,7 +37,8 @@ type Service struct {
 	net    *network.Manager
 	images *image.Service
 	log    *slog.Logger
-	names  *nameIndex
+	// podNames and ctrNames reserve pod and container names (kubelet's attempts).
+	podNames, ctrNames *nameIndex
 	// stream hands out streaming URLs; nil until SetStreamServer.
 	stream URLServer
 	// evs fans container and pod lifecycle events out to GetContainerEvents.
@@ -123,7 +124,7 @@ func New(cfg config.Config, st *store.Store, ctrl *controller.Controller, net *n
 		log.Warn("user namespaces are not supported here: pods with hostUsers: false are refused and not advertised", "err", err)
 	}
 	bg, stop := context.WithCancel(context.Background())
-	return &Service{cfg: cfg, store: st, ctrl: ctrl, net: net, images: images, log: log, rroSupported: rro, usernsSupported: userns, names: newNameIndex(), pods: map[string]*pod{}, containers: map[string]*container{},
+	return &Service{cfg: cfg, store: st, ctrl: ctrl, net: net, images: images, log: log, rroSupported: rro, usernsSupported: userns, podNames: newNameIndex("pod"), ctrNames: newNameIndex("container"), pods: map[string]*pod{}, containers: map[string]*container{},
 		bg: bg, stopBG: stop}
 }
 
@@ -148,7 +149,7 @@ func (s *Service) Recover(ctx context.Context, liveSandboxes []string) error {
 			return fmt.Errorf("decode config of pod %s: %w", id, err)
 		}
 		p := &pod{rec: rec, config: &cfg, nameKey: podName(cfg.GetMetadata())}
-		if err := s.names.reserve(p.nameKey, id); err != nil {
+		if err := s.podNames.reserve(p.nameKey, id); err != nil {
 			return fmt.Errorf("recover pod %s: %w", id, err)
 		}
 		s.pods[id] = p

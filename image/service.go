@@ -191,6 +191,12 @@ func New(cfg Config, st *store.Store, log *slog.Logger) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load image refs: %w", err)
 	}
+	// A pull cut short by a crash leaves whole blobs and unpacked layers that no image
+	// record names (partial ones are removed by content.Open and snapshot.Open); no
+	// pull runs yet, so whatever no image references can go.
+	if err := s.gcLocked(context.Background()); err != nil {
+		log.Warn("free content of interrupted pulls", "err", err)
+	}
 	return s, nil
 }
 
@@ -673,6 +679,10 @@ func (s *Service) PrepareRootfs(key string, img *Image) ([]snapshot.Mount, error
 
 // RemoveRootfs removes the writable snapshot key; unknown keys are not an error.
 func (s *Service) RemoveRootfs(key string) error { return s.snaps.RemoveActive(key) }
+
+// RootfsKeys lists the keys of every writable rootfs, so that recovery can remove
+// those no container owns (a CreateContainer cut short by a crash).
+func (s *Service) RootfsKeys() ([]string, error) { return s.snaps.ActiveKeys() }
 
 // RootfsUsage reports what a container wrote into its writable snapshot key (bytes and
 // inodes of the upper dir) and the mount point of the filesystem holding it, the one

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -601,5 +602,53 @@ func TestPullDeadlineLeavesNothing(t *testing.T) {
 	}
 	if tree := f.tree(got); tree["big"] != "big" {
 		t.Errorf("rootfs after the second pull: %v", tree)
+	}
+}
+
+// A pull cut short after its layers were stored but before the image was recorded
+// leaves content no record owns: the next start frees it, and lists the writable
+// snapshots so that the CRI can remove those no container owns.
+func TestRestartFreesInterruptedPull(t *testing.T) {
+	f := newFixture(t)
+	host := imagetest.StartRegistry(t)
+	keep := imagetest.NewImage(t, imagetest.ImageOptions{}, imagetest.NewLayer(t, imagetest.OCI, imagetest.Gzip, imagetest.File("keep", "k")))
+	lost := imagetest.NewImage(t, imagetest.ImageOptions{}, imagetest.NewLayer(t, imagetest.OCI, imagetest.Gzip, imagetest.File("lost", "l")))
+	imagetest.Push(t, host, "keep:1", keep)
+	imagetest.Push(t, host, "lost:1", lost)
+	ctx := context.Background()
+	kept, err := f.svc.Pull(ctx, host+"/keep:1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blobsKept := f.blobs()
+	img, err := f.svc.Pull(ctx, host+"/lost:1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.svc.PrepareRootfs("ctr-1", kept); err != nil {
+		t.Fatal(err)
+	}
+	// The crash: the image's records never written.
+	if err := f.db.Delete(imageBucket, img.ID); err != nil {
+		t.Fatal(err)
+	}
+	for _, ref := range append(img.RepoTags, img.RepoDigests...) {
+		if err := f.db.Delete(refBucket, ref); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.open()
+	if got := f.blobs(); !slices.Equal(got, blobsKept) {
+		t.Errorf("blobs after restart %v, want those of the kept image %v", got, blobsKept)
+	}
+	if snaps, _ := f.svc.snaps.List(); len(snaps) != 1 {
+		t.Errorf("%d layer snapshots after restart, want 1", len(snaps))
+	}
+	keys, err := f.svc.RootfsKeys()
+	if err != nil || !slices.Equal(keys, []string{"ctr-1"}) {
+		t.Fatalf("RootfsKeys = %v, %v; want [ctr-1]", keys, err)
+	}
+	if err := f.svc.RemoveRootfs("ctr-1"); err != nil {
+		t.Fatal(err)
 	}
 }

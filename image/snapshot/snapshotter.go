@@ -228,6 +228,19 @@ func (s *Snapshotter) List() ([]Info, error) {
 	return out, nil
 }
 
+// ActiveKeys returns the keys of every writable snapshot.
+func (s *Snapshotter) ActiveKeys() ([]string, error) {
+	var keys []string
+	err := s.st.ForEach(activeBucket, func(key string, _ []byte) error {
+		keys = append(keys, key)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list active snapshots: %w", err)
+	}
+	return keys, nil
+}
+
 // errStop ends a store scan early.
 var errStop = errors.New("stop")
 
