@@ -219,7 +219,7 @@ func TestE2ECNIFaultAdd(t *testing.T) {
 // RemovePodSandbox (retryable, naming the plugin) and keeps the netns and the IP for
 // the retry; once the plugin works a retry leaves nothing. A DEL that keeps failing
 // lets the pod go on the third attempt, without its netns and veth, and the IP is
-// released in the background once the plugin works again.
+// released in the background once the plugin works again, also after a restart.
 func TestE2ECNIFaultDel(t *testing.T) {
 	f := newFaultEnv(t)
 	f.start()
@@ -315,6 +315,9 @@ func TestE2ECNIFaultDel(t *testing.T) {
 		if err != nil || len(list.GetItems()) != 0 {
 			t.Errorf("ListPodSandbox after removal: %v, err %v", list.GetItems(), err)
 		}
+		// The pending DEL survives a restart of criserver.
+		f.stop()
+		f.start()
 		dels := f.calls("DEL")
 		f.set("DEL", "")
 		start := time.Now()

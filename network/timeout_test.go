@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,8 +17,9 @@ import (
 
 // fakePluginScript is a CNI plugin whose behaviour per command is read from
 // DIR/<plugin>.<COMMAND>: "fail" prints a CNI error, "hang" starts a child that keeps
-// stdout open and waits for it (a plugin stuck on an iptables lock or a datastore);
-// anything else succeeds. Every call is logged to DIR/calls.
+// stdout open and waits for it (a plugin stuck on an iptables lock or a datastore),
+// "leave" succeeds but leaves such a child behind; anything else succeeds. Every call
+// is logged to DIR/calls.
 const fakePluginScript = `#!/bin/sh
 dir=%q
 name=$(basename "$0")
@@ -25,6 +27,7 @@ echo "$name $CNI_COMMAND netns=$CNI_NETNS" >> "$dir/calls"
 case "$(cat "$dir/$name.$CNI_COMMAND" 2>/dev/null)" in
 fail) echo '{"cniVersion":"1.0.0","code":11,"msg":"injected failure"}'; exit 1 ;;
 hang) echo $$ > "$dir/$name.pids"; sleep 1000 & echo $! >> "$dir/$name.pids"; wait; exit 1 ;;
+leave) sleep 1000 & echo $! > "$dir/$name.pids" ;;
 esac
 if [ "$CNI_COMMAND" = ADD ]; then
 	echo '{"cniVersion":"1.0.0","interfaces":[{"name":"eth0","sandbox":"/fake"}],"ips":[{"address":"10.99.0.2/24","interface":0}]}'
@@ -319,6 +322,31 @@ func TestCallerCancelIsNotTimeout(t *testing.T) {
 		t.Errorf("err = %v, want Canceled", err)
 	}
 	assertGone(t, f.hungPids("crisp-hang"))
+}
+
+// TestPluginLeavingChildSucceeds: a plugin that succeeds but leaves a child holding
+// its stdout is a success after pluginWaitDelay (libcni's RawExec would wait for the
+// child for ever).
+func TestPluginLeavingChildSucceeds(t *testing.T) {
+	f := newFakeNet(t, time.Minute, "crisp-leave")
+	f.set("crisp-leave", "ADD", "leave")
+	t.Cleanup(func() {
+		data, _ := os.ReadFile(filepath.Join(f.dir, "crisp-leave.pids"))
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	start := time.Now()
+	res, err := f.m.Setup(context.Background(), fakePod())
+	if err != nil {
+		t.Fatalf("Setup: %v", err)
+	}
+	if took := time.Since(start); took > pluginWaitDelay+time.Second {
+		t.Errorf("Setup took %v", took)
+	}
+	if res.IP.String() != "10.99.0.2" {
+		t.Errorf("IP = %v", res.IP)
+	}
 }
 
 func waitFor(t *testing.T, d time.Duration, cond func() bool) {
