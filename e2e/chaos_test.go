@@ -708,6 +708,15 @@ type chaosShimPod struct {
 	ctrs      []string
 	ctrPids   []int
 	cfg       *cri.PodSandboxConfig
+	// Start times, so that a reused pid is not taken for the process the test watches.
+	pauseStart string
+	ctrStarts  []string
+}
+
+// stillRunning reports whether pid is the process that had start time start and has
+// not exited (a zombie counts as exited).
+func stillRunning(pid int, start string) bool {
+	return start != "" && alive(pid) && procStart(pid) == start
 }
 
 func (e *env) newShimPod(t *testing.T, ctx context.Context, name, img string) *chaosShimPod {
@@ -720,9 +729,10 @@ func (e *env) newShimPod(t *testing.T, ctx context.Context, name, img string) *c
 		if err != nil {
 			t.Fatal(err)
 		}
-		p.ctrs, p.ctrPids = append(p.ctrs, id), append(p.ctrPids, pid)
+		p.ctrs, p.ctrPids, p.ctrStarts = append(p.ctrs, id), append(p.ctrPids, pid), append(p.ctrStarts, procStart(pid))
 	}
 	_, p.info = e.status(ctx, p.pod)
+	p.pauseStart = procStart(p.info.Pid)
 	if !alive(p.info.ShimPid) || !alive(p.info.Pid) {
 		t.Fatalf("pod %s: shim %d or pause %d not running", name, p.info.ShimPid, p.info.Pid)
 	}
@@ -754,11 +764,11 @@ func (p *chaosShimPod) deadState(ctx context.Context, rt cri.RuntimeServiceClien
 // (or a reason naming the shim's death).
 func (p *chaosShimPod) checkDead(t *testing.T, ctx context.Context, rt cri.RuntimeServiceClient, when string) {
 	t.Helper()
-	if alive(p.info.Pid) {
+	if stillRunning(p.info.Pid, p.pauseStart) {
 		t.Errorf("pod %s %s: pause process %d still running when the pod is reported NotReady", p.name, when, p.info.Pid)
 	}
 	for i, pid := range p.ctrPids {
-		if alive(pid) {
+		if stillRunning(pid, p.ctrStarts[i]) {
 			t.Errorf("pod %s %s: container %.12s process %d still running when reported exited", p.name, when, p.ctrs[i], pid)
 		}
 	}
@@ -802,7 +812,7 @@ func (p *chaosShimPod) stopRemoveTimed(t *testing.T, ctx context.Context, e *env
 		}
 	}
 	for i, pid := range p.ctrPids {
-		if alive(pid) {
+		if stillRunning(pid, p.ctrStarts[i]) {
 			t.Errorf("pod %s: container %.12s process %d still running after removal", p.name, p.ctrs[i], pid)
 		}
 	}
@@ -1056,23 +1066,35 @@ func TestE2EChaosKillDuringCreate(t *testing.T) {
 	var d chaosDaemon
 
 	// Item 1: a CREATED container started after a restart (kill -9, then SIGTERM).
+	// runSurvivor starts a container created before a restart, execs in it, stops it
+	// (its own exit, seen by the monitor StartContainer began: where item 1's "close of
+	// closed channel" panic happened) and removes it.
 	runSurvivor := func(id, when string) {
 		t.Helper()
 		if _, err := e.rt.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: id}); err != nil {
 			t.Errorf("%s: StartContainer of a container created before the restart: %v", when, err)
-		} else if resp, err := e.execSync(ctx, id, 10, "echo", "ok"); err != nil || string(resp.Stdout) != "ok\n" {
-			t.Errorf("%s: exec in the started container: %v %v", when, resp, err)
+		} else {
+			if resp, err := e.execSync(ctx, id, 10, "echo", "ok"); err != nil || string(resp.Stdout) != "ok\n" {
+				t.Errorf("%s: exec in the started container: %v %v", when, resp, err)
+			}
+			if _, err := e.rt.StopContainer(ctx, &cri.StopContainerRequest{ContainerId: id, Timeout: 5}); err != nil {
+				t.Errorf("%s: StopContainer: %v", when, err)
+			} else if cs, err := e.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: id}); err != nil || cs.Status.State != cri.ContainerState_CONTAINER_EXITED {
+				t.Errorf("%s: StopContainer returned with the container %v (%v): it must return once the container exited", when, cs.GetStatus().GetState(), err)
+			}
+			for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+				cs, err := e.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: id})
+				if err == nil && cs.Status.State == cri.ContainerState_CONTAINER_EXITED {
+					break
+				}
+			}
 		}
-		// A panic in a goroutine takes criserver down a moment after the call.
-		time.Sleep(100 * time.Millisecond)
+		// A panic in the monitor takes criserver down a moment after the exit.
+		time.Sleep(150 * time.Millisecond)
 		if e.cmd == nil || !alive(e.cmd.Process.Pid) {
-			t.Errorf("%s: criserver died after StartContainer of a container created before the restart", when)
+			t.Errorf("%s: criserver died when the container started after the restart exited (its log shows why)", when)
 			d.kill9(e)
 			e.chaosStart(t)
-			return
-		}
-		if _, err := e.rt.StopContainer(ctx, &cri.StopContainerRequest{ContainerId: id, Timeout: 5}); err != nil {
-			t.Errorf("%s: StopContainer: %v", when, err)
 		}
 		if _, err := e.rt.RemoveContainer(ctx, &cri.RemoveContainerRequest{ContainerId: id}); err != nil {
 			t.Errorf("%s: RemoveContainer: %v", when, err)
