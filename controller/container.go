@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -344,4 +345,71 @@ func (c *Controller) OOMKilled(ctx context.Context, sandboxID, id string) (bool,
 		return false, fmt.Errorf("info of container %s: %w", id, fromShim(err))
 	}
 	return resp.GetOomKilled(), nil
+}
+
+// HasContainerBundle reports whether container id's bundle exists: it is written
+// before the shim creates the container and removed only once the shim deleted it.
+func (c *Controller) HasContainerBundle(id string) bool {
+	_, err := os.Stat(c.opts.containerBundle(id))
+	return err == nil
+}
+
+// RemoveOrphanContainers removes every container bundle whose id keep rejects, left by
+// a CreateContainer cut short by a crash: the container is deleted from whichever
+// live shim has it (its init may wait there to be started), its rootfs unmounted and
+// its bundle removed. It returns the ids removed. Nothing may create containers
+// meanwhile.
+func (c *Controller) RemoveOrphanContainers(ctx context.Context, keep func(id string) bool) ([]string, error) {
+	root := filepath.Join(c.opts.StateDir, "containers")
+	entries, err := os.ReadDir(root)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list container bundles: %w", err)
+	}
+	var removed []string
+	var errs []error
+	for _, e := range entries {
+		id := e.Name()
+		if keep(id) {
+			continue
+		}
+		if err := c.deleteFromAnyShim(ctx, id); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := mount.Unmount(filepath.Join(root, id, "rootfs")); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(root, id)); err != nil {
+			errs = append(errs, fmt.Errorf("remove bundle of container %s: %w", id, err))
+			continue
+		}
+		removed = append(removed, id)
+	}
+	return removed, errors.Join(errs...)
+}
+
+// deleteFromAnyShim deletes container id from every live shim that has it.
+func (c *Controller) deleteFromAnyShim(ctx context.Context, id string) error {
+	c.mu.Lock()
+	ids := make([]string, 0, len(c.sandboxes))
+	for sid := range c.sandboxes {
+		ids = append(ids, sid)
+	}
+	c.mu.Unlock()
+	for _, sid := range ids {
+		tc, _, err := c.task(sid)
+		if err != nil {
+			continue // not running: nothing of it can run in that pod
+		}
+		if _, err := tc.Delete(ctx, &taskapi.DeleteRequest{ID: id}); err != nil {
+			if err := fromShim(err); !errdefs.IsNotFound(err) {
+				return fmt.Errorf("delete orphan container %s from the shim of pod %s: %w", id, sid, err)
+			}
+		}
+	}
+	return nil
 }

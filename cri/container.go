@@ -114,42 +114,6 @@ func containerName(md *runtime.ContainerMetadata, pod *runtime.PodSandboxMetadat
 	return strings.Join([]string{md.GetName(), pod.GetName(), pod.GetNamespace(), pod.GetUid(), fmt.Sprint(md.GetAttempt())}, "_")
 }
 
-// recoverContainers loads container records and reattaches to running containers.
-func (s *Service) recoverContainers(ctx context.Context) error {
-	var list []*container
-	err := s.store.ForEach(containerBucket, func(id string, data []byte) error {
-		var rec containerRecord
-		if err := json.Unmarshal(data, &rec); err != nil {
-			return fmt.Errorf("decode container %s: %w", id, err)
-		}
-		var cfg runtime.ContainerConfig
-		if err := protojson.Unmarshal(rec.Config, &cfg); err != nil {
-			return fmt.Errorf("decode config of container %s: %w", id, err)
-		}
-		c := newContainer(rec, &cfg, "")
-		if p := s.pods[rec.PodID]; p != nil {
-			c.nameKey = containerName(cfg.GetMetadata(), p.config.GetMetadata())
-			_ = s.ctrNames.reserve(c.nameKey, id)
-		}
-		if rec.State == stateExited {
-			c.markExited()
-		}
-		s.containers[id] = c
-		list = append(list, c)
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("load containers: %w", err)
-	}
-	for _, c := range list {
-		if c.rec.State == stateRunning {
-			// The shim kept the container (and any exit) while criserver was away.
-			s.monitor(c)
-		}
-	}
-	return nil
-}
-
 // CreateContainer creates a container in a ready pod: a writable snapshot of the
 // image, the OCI spec, and the container in the pod's shim; each step undone if a
 // later one fails.

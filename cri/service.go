@@ -10,7 +10,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"google.golang.org/protobuf/encoding/protojson"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/crisp-runtime/crisp/config"
@@ -133,44 +132,6 @@ func New(cfg config.Config, st *store.Store, ctrl *controller.Controller, net *n
 func (s *Service) Close() {
 	s.stopBG()
 	s.monitors.Wait()
-}
-
-// Recover loads the pods from the store after a restart. liveSandboxes are the ids the
-// controller found again; a sandbox the CRI has no record of is a leftover of a crash
-// between the two writes and is removed.
-func (s *Service) Recover(ctx context.Context, liveSandboxes []string) error {
-	err := s.store.ForEach(podBucket, func(id string, data []byte) error {
-		var rec podRecord
-		if err := json.Unmarshal(data, &rec); err != nil {
-			return fmt.Errorf("decode pod %s: %w", id, err)
-		}
-		var cfg runtime.PodSandboxConfig
-		if err := protojson.Unmarshal(rec.Config, &cfg); err != nil {
-			return fmt.Errorf("decode config of pod %s: %w", id, err)
-		}
-		p := &pod{rec: rec, config: &cfg, nameKey: podName(cfg.GetMetadata())}
-		if err := s.podNames.reserve(p.nameKey, id); err != nil {
-			return fmt.Errorf("recover pod %s: %w", id, err)
-		}
-		s.pods[id] = p
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("load pods: %w", err)
-	}
-	for _, id := range liveSandboxes {
-		if _, ok := s.pods[id]; !ok {
-			s.log.Info("removing sandbox with no pod record", "pod", id)
-			if err := s.ctrl.Remove(ctx, id); err != nil {
-				s.log.Error("remove orphan sandbox", "pod", id, "err", err)
-			}
-		}
-	}
-	if err := s.recoverContainers(ctx); err != nil {
-		return err
-	}
-	s.log.Info("recovered pods and containers", "pods", len(s.pods), "containers", len(s.containers))
-	return nil
 }
 
 // podName is the reservation key for a pod, as kubelet identifies one attempt.

@@ -3,12 +3,16 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/crisp-runtime/crisp/store"
 )
 
 // ctrPid is the host pid of a container's init, from ContainerStatus's verbose info.
@@ -174,5 +178,101 @@ func TestE2EShimDeathKillsPod(t *testing.T) {
 		})
 	}
 	e.assertNoPanic(t)
+	e.assertNodeClean(t)
+}
+
+// dirNames lists the entries of dir.
+func dirNames(dir string) []string {
+	entries, _ := os.ReadDir(dir)
+	var out []string
+	for _, e := range entries {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+// What a criserver killed in the middle of an operation leaves without a record is
+// removed by the next start: a container the shim created but CreateContainer never
+// recorded (its bundle, writable snapshot, cgroup and waiting init), the temporary
+// rootfs mount of a spec being generated, exec FIFO dirs, the files of a pod never
+// recorded. Records and their containers stay untouched.
+func TestE2ERestartSweepsOrphans(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	ctx := ctxT(t)
+	img := e.busybox(ctx)
+	pod := e.podConfig("orphans")
+	podID := e.runPod(ctx, pod)
+	kept := e.runCtr(ctx, podID, pod, ctrConfig("kept", img, "sleep", "1000"))
+	keptPid := e.ctrPid(ctx, kept)
+	resp, err := e.rt.CreateContainer(ctx, &cri.CreateContainerRequest{PodSandboxId: podID, SandboxConfig: pod,
+		Config: ctrConfig("orphan", img, "sleep", "1000")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	orphan := resp.ContainerId
+	snapsDir := filepath.Join(e.root, "images", "snapshots")
+	snapsBefore := len(dirNames(snapsDir))
+	e.kill9()
+
+	// The crash between the shim's create and the record: drop the record.
+	db, err := store.Open(filepath.Join(e.root, "meta.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Delete("containers", orphan); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	// A rootfs mounted while a spec was generated, an exec session's FIFO dir, the
+	// files of a pod that never got a record.
+	tmpRootfs := filepath.Join(e.state, "rootfs-123")
+	if err := os.MkdirAll(tmpRootfs, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", tmpRootfs, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(e.state, "exec", "deadbeef"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	strayPod := filepath.Join(e.root, "pods", strings.Repeat("ab", 32))
+	if err := os.MkdirAll(strayPod, 0o700); err != nil {
+		t.Fatal(err)
+	}
+
+	e.start()
+	if _, err := os.Stat(filepath.Join(e.state, "containers", orphan)); !os.IsNotExist(err) {
+		t.Errorf("bundle of the unrecorded container left (err %v)", err)
+	}
+	if got := len(dirNames(snapsDir)); got != snapsBefore-1 {
+		t.Errorf("%d snapshot dirs after restart, want %d (the orphan's rootfs removed)", got, snapsBefore-1)
+	}
+	for _, cg := range e.podCgroups() {
+		if strings.Contains(cg, orphan) {
+			t.Errorf("cgroup of the unrecorded container left: %s", cg)
+		}
+	}
+	for _, m := range mountsUnder(e.dir) {
+		if strings.Contains(m, orphan) || m == tmpRootfs {
+			t.Errorf("mount left: %s", m)
+		}
+	}
+	for _, p := range []string{tmpRootfs, filepath.Join(e.state, "exec", "deadbeef"), strayPod} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s left (err %v)", p, err)
+		}
+	}
+	list, err := e.rt.ListContainers(ctx, &cri.ListContainersRequest{})
+	if err != nil || len(list.Containers) != 1 || list.Containers[0].Id != kept || list.Containers[0].State != cri.ContainerState_CONTAINER_RUNNING {
+		t.Fatalf("containers after restart: %v %v", list, err)
+	}
+	if got := e.ctrPid(ctx, kept); got != keptPid || !alive(keptPid) {
+		t.Errorf("kept container pid %d -> %d", keptPid, got)
+	}
+	// The orphan's name is free again.
+	e.runCtr(ctx, podID, pod, ctrConfig("orphan", img, "true"))
+	e.assertNoPanic(t)
+	e.stopRemove(ctx, t, podID)
 	e.assertNodeClean(t)
 }
