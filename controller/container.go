@@ -213,7 +213,10 @@ func (c *Controller) DeleteContainer(ctx context.Context, sandboxID, id string) 
 	tc, _, err := c.task(sandboxID)
 	switch {
 	case err == nil:
-		if _, err := tc.Delete(ctx, &taskapi.DeleteRequest{ID: id}); err != nil {
+		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		_, err = tc.Delete(dctx, &taskapi.DeleteRequest{ID: id})
+		cancel()
+		if err != nil {
 			if err := fromShim(err); !errdefs.IsNotFound(err) {
 				return fmt.Errorf("delete container %s: %w", id, err)
 			}
@@ -405,7 +408,10 @@ func (c *Controller) deleteFromAnyShim(ctx context.Context, id string) error {
 		if err != nil {
 			continue // not running: nothing of it can run in that pod
 		}
-		if _, err := tc.Delete(ctx, &taskapi.DeleteRequest{ID: id}); err != nil {
+		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		_, err = tc.Delete(dctx, &taskapi.DeleteRequest{ID: id})
+		cancel()
+		if err != nil {
 			if err := fromShim(err); !errdefs.IsNotFound(err) {
 				return fmt.Errorf("delete orphan container %s from the shim of pod %s: %w", id, sid, err)
 			}

@@ -537,6 +537,11 @@ func (s *Service) startExec(c *container, execID string) (_ *taskv3.StartRespons
 // Delete removes a container (killing it if it still runs: nothing is left behind) or
 // frees an exec. The caller removes the bundle directory itself.
 func (s *Service) Delete(ctx context.Context, req *taskv3.DeleteRequest) (*taskv3.DeleteResponse, error) {
+	// A Create of the id still in progress (its caller may have died and be deleting
+	// what it left after a restart) is waited for, so it cannot finish after the delete.
+	if err := s.awaitCreate(ctx, req.GetID()); err != nil {
+		return nil, err
+	}
 	c, err := s.getLocked(req.GetID())
 	if err != nil {
 		return nil, err
@@ -551,6 +556,23 @@ func (s *Service) Delete(ctx context.Context, req *taskv3.DeleteRequest) (*taskv
 	_, pid, _ := c.init.started()
 	_, code, at := c.init.state()
 	return &taskv3.DeleteResponse{Pid: uint32(pid), ExitStatus: code, ExitedAt: timestamppb.New(at)}, nil
+}
+
+// awaitCreate waits until no Create of id is in progress.
+func (s *Service) awaitCreate(ctx context.Context, id string) error {
+	for {
+		s.mu.Lock()
+		_, creating := s.reserved[id]
+		s.mu.Unlock()
+		if !creating {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 }
 
 // deleteContainer stops and destroys c; opMu is held.
