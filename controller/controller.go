@@ -514,12 +514,23 @@ func (c *Controller) stopSandboxProcess(ctx context.Context, sb *sandbox, svc sa
 	return nil
 }
 
+// teardownNetwork runs CNI DEL and removes the pod's netns. A failed DEL is an error
+// (kept for the caller's retry) until the network manager gives up on it and retries
+// it in the background (see network/pending.go); undoing a creation, at once, since a
+// pod kubelet never learned of is never stopped again.
 func (c *Controller) teardownNetwork(ctx context.Context, sb *sandbox) error {
 	if sb.rec.HostNetwork {
 		return nil
 	}
 	if sb.rec.NetNS != "" || sb.rec.NetworkDone {
-		if err := c.net.Teardown(ctx, sb.rec.Pod); err != nil {
+		sb.mu.Lock()
+		creating := sb.rec.Phase == phaseCreating
+		sb.mu.Unlock()
+		teardown := c.net.Teardown
+		if creating {
+			teardown = c.net.Release
+		}
+		if err := teardown(ctx, sb.rec.Pod); err != nil {
 			return fmt.Errorf("tear down network of pod %s: %w", sb.rec.ID, err)
 		}
 	}

@@ -242,6 +242,18 @@ func (m *Manager) Setup(ctx context.Context, p Pod) (*Result, error) {
 // failures of the same pod, Teardown hands the DEL to the background retrier and
 // returns nil: the caller may then remove the namespace (see pending.go).
 func (m *Manager) Teardown(ctx context.Context, p Pod) error {
+	return m.teardown(ctx, p, teardownAttempts)
+}
+
+// Release is Teardown for a pod whose creation is being undone: kubelet never learned
+// of it, so nobody would retry a failed DEL. The DEL goes to the background retrier at
+// its first failure, and the error is nil unless even that failed.
+func (m *Manager) Release(ctx context.Context, p Pod) error {
+	return m.teardown(ctx, p, 1)
+}
+
+// teardown is Teardown that hands the DEL to the retrier after attempts failures.
+func (m *Manager) teardown(ctx context.Context, p Pod, attempts int) error {
 	if p.ID == "" {
 		return errors.New("tear down pod network: pod ID is required")
 	}
@@ -296,7 +308,7 @@ func (m *Manager) Teardown(ctx context.Context, p Pod) error {
 		return nil
 	}
 	if err := errors.Join(errs...); err != nil {
-		return m.teardownFailed(p, failed, err)
+		return m.teardownFailed(p, failed, attempts, err)
 	}
 	m.teardownDone(p.ID)
 	m.log.Debug("pod network torn down", "pod", p.ID, "took", time.Since(start))

@@ -35,8 +35,9 @@ import (
 // without anyone having to remember the pod; until then it stays reserved rather than
 // being handed to another pod.
 //
-// A DEL that undoes a failed ADD is handed to the retrier at once: the pod never
-// existed for kubelet, so nobody would ever call StopPodSandbox for it.
+// A DEL that undoes a failed ADD, or the creation of a pod that failed later (Release),
+// is handed to the retrier at once: the pod never existed for kubelet, so nobody would
+// ever call StopPodSandbox for it.
 
 // teardownAttempts is how many failed teardowns of one pod return an error before
 // the DEL is handed to the background retrier.
@@ -80,17 +81,17 @@ type attachment struct {
 	rt   *libcni.RuntimeConf
 }
 
-// teardownFailed counts a failed teardown of p: an error until the last attempt, then
-// the failed DELs go to the retrier and the pod may go.
-func (m *Manager) teardownFailed(p Pod, failed []attachment, err error) error {
+// teardownFailed counts a failed teardown of p: an error until the last of attempts,
+// then the failed DELs go to the retrier and the pod may go.
+func (m *Manager) teardownFailed(p Pod, failed []attachment, attempts int, err error) error {
 	m.mu.Lock()
 	m.failures[p.ID]++
 	n := m.failures[p.ID]
 	m.mu.Unlock()
 	// The caller names the pod; this says what happens next.
 	err = fmt.Errorf("CNI DEL of %s/%s failed, attempt %d of %d (after the last the namespace goes and the DEL is retried in the background): %w",
-		p.Namespace, p.Name, n, teardownAttempts, err)
-	if n < teardownAttempts {
+		p.Namespace, p.Name, n, attempts, err)
+	if n < attempts {
 		return retryable(err)
 	}
 	for _, a := range failed {

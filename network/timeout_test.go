@@ -311,6 +311,25 @@ func TestAddFailureUndoFailsGoesPending(t *testing.T) {
 	waitFor(t, 5*time.Second, func() bool { return len(f.m.Pending()) == 0 })
 }
 
+// TestReleaseDefersAtOnce: undoing a creation, a failed DEL goes to the retrier at
+// its first failure.
+func TestReleaseDefersAtOnce(t *testing.T) {
+	f := newFakeNet(t, 5*time.Second, "crisp-fail")
+	p := fakePod()
+	if _, err := f.m.Setup(context.Background(), p); err != nil {
+		t.Fatal(err)
+	}
+	f.set("crisp-fail", "DEL", "fail")
+	if err := f.m.Release(context.Background(), p); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if ids := f.m.Pending(); len(ids) != 1 || ids[0] != p.ID {
+		t.Fatalf("pending = %v", ids)
+	}
+	f.set("crisp-fail", "DEL", "")
+	waitFor(t, 5*time.Second, func() bool { return len(f.m.Pending()) == 0 })
+}
+
 // TestCallerCancelIsNotTimeout: a caller that gives up is Canceled, not a timeout.
 func TestCallerCancelIsNotTimeout(t *testing.T) {
 	f := newFakeNet(t, time.Minute, "crisp-hang")
