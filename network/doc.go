@@ -1,4 +1,6 @@
 // Package network attaches pods to the node's CNI network through libcni.
 // It owns the CNI config choice (writing a default bridge config when there is none), ADD/DEL and the libcni result cache.
+// Every ADD and DEL is bounded by Config.Timeout, which kills the plugin's whole process group (exec.go);
+// a DEL that keeps failing is retried in the background from Config.PendingDir (pending.go).
 // It must not create or remove network namespaces (package netns does, and brings lo up, so no loopback plugin runs).
 package network
