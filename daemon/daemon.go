@@ -59,10 +59,12 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		DefaultBridge: cfg.CNI.DefaultBridge,
 		DefaultSubnet: cfg.CNI.DefaultSubnet,
 		IPAMDataDir:   filepath.Join(cfg.RootDir, "cni", "networks"),
+		Timeout:       time.Duration(cfg.CNI.TimeoutSeconds) * time.Second,
 	}, log.With("component", "network"))
 	if err != nil {
 		return fmt.Errorf("set up pod network: %w", err)
 	}
+	defer netMgr.Close()
 
 	ctrl, err := controller.New(controller.Options{
 		StateDir:         cfg.StateDir,
