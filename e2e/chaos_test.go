@@ -394,6 +394,8 @@ type chaosClient struct {
 	conn     *grpc.ClientConn
 	rt       cri.RuntimeServiceClient
 	deadline time.Time
+	// ctx ends every call when the test ends, however it ends.
+	ctx context.Context
 
 	created, removed map[string]bool
 	cycles, retries  int
@@ -409,7 +411,10 @@ func (c *chaosClient) problem(format string, args ...any) {
 // down or killed during the call), or the client's deadline passes.
 func (c *chaosClient) do(step string, fn func(ctx context.Context) error) error {
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if c.ctx.Err() != nil {
+			return fmt.Errorf("%s: the test ended", step)
+		}
+		ctx, cancel := context.WithTimeout(c.ctx, 30*time.Second)
 		err := fn(ctx)
 		cancel()
 		if err == nil || !isTransient(err) {
@@ -569,17 +574,23 @@ func TestE2EChaosKillCriserver(t *testing.T) {
 	witnesses := []*chaosWitness{e.newWitness(t, ctx, "witness1", img), e.newWitness(t, ctx, "witness2", img)}
 
 	deadline, _ := ctx.Deadline()
+	clientCtx, stopClients := context.WithCancel(ctx)
 	clients := make([]*chaosClient, cc.clients)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	// However the test ends (a Fatal included), the clients stop before the env goes.
+	t.Cleanup(func() {
+		stopClients()
+		wg.Wait()
+	})
 	for i := range clients {
 		conn, err := grpc.NewClient("unix://"+e.socket, grpc.WithTransportCredentials(insecure.NewCredentials()), fastConnect)
 		if err != nil {
 			t.Fatal(err)
 		}
 		clients[i] = &chaosClient{e: e, n: i, img: img, conn: conn, rt: cri.NewRuntimeServiceClient(conn),
-			deadline: deadline.Add(-time.Minute), created: map[string]bool{}, removed: map[string]bool{}}
+			deadline: deadline.Add(-time.Minute), ctx: clientCtx, created: map[string]bool{}, removed: map[string]bool{}}
 	}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
 	for _, c := range clients {
 		wg.Add(1)
 		go func() {
@@ -595,6 +606,9 @@ func TestE2EChaosKillCriserver(t *testing.T) {
 				}
 				if time.Now().After(c.deadline) {
 					c.problem("deadline reached after %d cycles", n)
+					return
+				}
+				if c.ctx.Err() != nil {
 					return
 				}
 				c.cycle(n)
