@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -684,6 +686,15 @@ func TestE2EChaosKillCriserver(t *testing.T) {
 	for _, l := range lost {
 		t.Errorf("lost: %s", l)
 	}
+	if ctrs, err := e.rt.ListContainers(ctx, &cri.ListContainersRequest{}); err != nil {
+		t.Errorf("ListContainers: %v", err)
+	} else {
+		for _, c := range ctrs.Containers {
+			if !slices.ContainsFunc(witnesses, func(w *chaosWitness) bool { return w.ctr == c.Id }) {
+				t.Errorf("container %s (%s, pod %s) is listed after every client removed its pods", c.Id, c.Metadata.GetName(), c.PodSandboxId)
+			}
+		}
+	}
 	for _, id := range leftover {
 		if _, err := e.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
 			t.Errorf("stop leftover %s: %v", id, err)
@@ -1203,16 +1214,48 @@ func chaosBigImage(t *testing.T) (v1.Image, int) {
 	return imagetest.NewImage(t, imagetest.ImageOptions{}, layers...), n * size
 }
 
+// slowBlobs throttles blob downloads while on is set (64 KiB, then 2 ms), so that a
+// kill lands in the middle of a blob, with partial files in ingest/.
+func slowBlobs(on *atomic.Bool) imagetest.RegistryOption {
+	return imagetest.WithMiddleware(func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if on.Load() && r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/blobs/") {
+				w = throttledWriter{w}
+			}
+			next.ServeHTTP(w, r)
+		})
+	})
+}
+
+type throttledWriter struct{ http.ResponseWriter }
+
+func (w throttledWriter) Write(p []byte) (int, error) {
+	n := 0
+	for len(p) > 0 {
+		k := min(len(p), 64<<10)
+		m, err := w.ResponseWriter.Write(p[:k])
+		n += m
+		if err != nil {
+			return n, err
+		}
+		p = p[k:]
+		time.Sleep(2 * time.Millisecond)
+	}
+	return n, nil
+}
+
 // TestE2EChaosKillDuringPull: criserver killed with SIGKILL in the middle of PullImage
-// of a multi-layer image of several MB. After the restart the image is either listed
-// or not; no blob, ingest file or snapshot is left that no image owns; the image
-// pulls again and runs a container whose files are whole.
+// of a multi-layer image of several MB, from a fast registry and (every other time) a
+// throttled one. After the restart the image is either listed or not; no blob, ingest
+// file or snapshot is left that no image owns; the image pulls again and runs a
+// container whose files are whole.
 func TestE2EChaosKillDuringPull(t *testing.T) {
 	cc := chaosConfig()
 	e := chaosEnv(t)
 	ctx := chaosCtx(t, cc)
 	started := time.Now()
-	host := imagetest.StartRegistry(t)
+	var slow atomic.Bool
+	host := imagetest.StartRegistry(t, slowBlobs(&slow))
 	img, dataSize := chaosBigImage(t)
 	imagetest.Push(t, host, "chaos/big:v1", img)
 	ref := host + "/chaos/big:v1"
@@ -1245,28 +1288,33 @@ func TestE2EChaosKillDuringPull(t *testing.T) {
 			t.Fatalf("%s: RemoveImage: %v", when, err)
 		}
 	}
-	// Warm up (and time a pull), then the baseline has no image.
-	var pullTook time.Duration
-	for range 2 {
+	// Warm up and time a pull, fast and throttled; then the baseline has no image.
+	var pullTook [2]time.Duration
+	for i := range 2 {
+		slow.Store(i == 1)
 		start := time.Now()
 		if err := pull(e.img); err != nil {
 			t.Fatalf("pull %s: %v", ref, err)
 		}
-		pullTook += time.Since(start)
+		pullTook[i] = time.Since(start)
 		useAndRemove("warm-up")
 	}
-	pullTook /= 2
+	slow.Store(false)
 	e.stopRemove(ctx, t, podID)
 	before := e.leakSnapshot(t)
 	pod = e.podConfig("pulls")
 	podID = e.runPod(ctx, pod)
-	maxDelay := max(pullTook*6/5, 20*time.Millisecond)
 	var completed, listedAfter, undone, orphans, lost int
 	seen := map[string]bool{}
 	for i := range cc.iterations {
+		mode := i % 2
+		maxDelay := max(pullTook[mode]*6/5, 20*time.Millisecond)
 		delay := rand.N(maxDelay)
+		what := fmt.Sprintf("kill %v into a %s PullImage", delay, []string{"fast", "throttled"}[mode])
 		rt := e.img
+		slow.Store(mode == 1)
 		err := e.cutShort(t, &d, delay, func() error { return pull(rt) })
+		slow.Store(false)
 		if err == nil {
 			completed++
 		}
@@ -1277,27 +1325,27 @@ func TestE2EChaosKillDuringPull(t *testing.T) {
 		if st.Image != nil {
 			listedAfter++
 			if st.Image.Id != imageID {
-				t.Errorf("kill %v into PullImage: image listed with id %s, want %s", delay, st.Image.Id, imageID)
+				t.Errorf("%s: image listed with id %s, want %s", what, st.Image.Id, imageID)
 			}
 		} else {
 			undone++
 			if err == nil {
 				lost++
-				t.Errorf("kill %v into PullImage: the pull returned, the image is not listed after the restart", delay)
+				t.Errorf("%s: the pull returned, the image is not listed after the restart", what)
 			}
 		}
-		orphans += e.chaosCheckOwnership(t, &d, seen, fmt.Sprintf("kill %v into PullImage (call error: %v)", delay, err))
+		orphans += e.chaosCheckOwnership(t, &d, seen, fmt.Sprintf("%s (call error: %v)", what, err))
 		// Whatever the kill left, the image pulls again and is whole.
 		if err := pull(e.img); err != nil {
-			t.Fatalf("iteration %d: pull after a kill %v into the previous one: %v", i, delay, err)
+			t.Fatalf("%s: the next pull: %v", what, err)
 		}
-		useAndRemove(fmt.Sprintf("kill %v into PullImage", delay))
+		useAndRemove(what)
 	}
 	e.stopRemove(ctx, t, podID)
 	orphans += e.chaosCheckOwnership(t, &d, seen, "at the end")
 	panics := e.chaosCheckDaemon(t, &d)
 	after := e.assertNoLeaks(t, before, 10*time.Second)
-	t.Logf("chaos (e) pull figures: kills during PullImage %d (delays 0-%v, a pull of %d MiB in 5 layers takes %v): completed before the kill %d, image listed after restart %d, undone %d, lost %d, orphaned files %d; kills %d, panics %d, leaked objects %d, duration %v",
-		cc.iterations, maxDelay.Round(time.Millisecond), dataSize>>20, pullTook.Round(time.Millisecond), completed, listedAfter, undone, lost, orphans,
+	t.Logf("chaos (e) pull figures: kills during PullImage %d (a pull of %d MiB in 5 layers takes %v, throttled %v; delays up to 1.2x that): completed before the kill %d, image listed after restart %d, undone %d, lost %d, orphaned files %d; kills %d, panics %d, leaked objects %d, duration %v",
+		cc.iterations, dataSize>>20, pullTook[0].Round(time.Millisecond), pullTook[1].Round(time.Millisecond), completed, listedAfter, undone, lost, orphans,
 		d.kills, panics, before.leakedObjects(after), time.Since(started).Round(time.Millisecond))
 }
