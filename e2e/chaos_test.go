@@ -95,14 +95,14 @@ func chaosCtx(t *testing.T, c chaosCounts) context.Context {
 	return ctx
 }
 
-// fastConnect makes a client reconnect within ~100 ms of criserver coming back, instead
+// chaosFastConnect makes a client reconnect within ~100 ms of criserver coming back, instead
 // of gRPC's default backoff (1 s, growing to 2 min).
-var fastConnect = grpc.WithConnectParams(grpc.ConnectParams{
+var chaosFastConnect = grpc.WithConnectParams(grpc.ConnectParams{
 	Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.5, Jitter: 0.2, MaxDelay: 100 * time.Millisecond},
 	MinConnectTimeout: 2 * time.Second,
 })
 
-// chaosStart is e.start with fastConnect, so that a restart after kill -9 (which
+// chaosStart is e.start with chaosFastConnect, so that a restart after kill -9 (which
 // leaves the old socket file behind) does not wait out gRPC's first backoff step.
 func (e *env) chaosStart(t *testing.T) {
 	t.Helper()
@@ -118,7 +118,7 @@ func (e *env) chaosStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.cmd = cmd
-	conn, err := grpc.NewClient("unix://"+e.socket, grpc.WithTransportCredentials(insecure.NewCredentials()), fastConnect)
+	conn, err := grpc.NewClient("unix://"+e.socket, grpc.WithTransportCredentials(insecure.NewCredentials()), chaosFastConnect)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,9 +272,9 @@ func chaosCtrPid(ctx context.Context, rt cri.RuntimeServiceClient, id string) (i
 	return info.Pid, nil
 }
 
-// procStart is a process's start time (field 22 of /proc/PID/stat), so that a pid
+// chaosProcStart is a process's start time (field 22 of /proc/PID/stat), so that a pid
 // reused by another process is not taken for the same one.
-func procStart(pid int) string {
+func chaosProcStart(pid int) string {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return ""
@@ -291,8 +291,8 @@ func procStart(pid int) string {
 	return f[19]
 }
 
-// sleeper is a container command that runs until it is stopped and exits 0 on SIGTERM.
-var sleeper = []string{"sh", "-c", "trap 'exit 0' TERM; sleep 100000 & wait"}
+// chaosSleeper is a container command that runs until it is stopped and exits 0 on SIGTERM.
+var chaosSleeper = []string{"sh", "-c", "trap 'exit 0' TERM; sleep 100000 & wait"}
 
 // chaosWitness is a pod with a running container that must live through everything.
 type chaosWitness struct {
@@ -306,21 +306,21 @@ type chaosWitness struct {
 	firstFailure, lastSeen string
 }
 
-func (e *env) newWitness(t *testing.T, ctx context.Context, name, img string) *chaosWitness {
+func (e *env) newChaosWitness(t *testing.T, ctx context.Context, name, img string) *chaosWitness {
 	t.Helper()
 	cfg := e.podConfig(name)
 	w := &chaosWitness{name: name}
 	w.pod = e.runPod(ctx, cfg)
-	w.ctr = e.runCtr(ctx, w.pod, cfg, ctrConfig(name, img, sleeper...))
+	w.ctr = e.runCtr(ctx, w.pod, cfg, ctrConfig(name, img, chaosSleeper...))
 	st, info := e.status(ctx, w.pod)
 	w.info, w.ip = info, st.GetNetwork().GetIp()
 	w.pausePid, w.shimPid = info.Pid, info.ShimPid
-	w.pauseStart, w.shimStart = procStart(info.Pid), procStart(info.ShimPid)
+	w.pauseStart, w.shimStart = chaosProcStart(info.Pid), chaosProcStart(info.ShimPid)
 	pid, err := chaosCtrPid(ctx, e.rt, w.ctr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.ctrPid, w.ctrStart = pid, procStart(pid)
+	w.ctrPid, w.ctrStart = pid, chaosProcStart(pid)
 	if w.ip == "" || w.pauseStart == "" || w.shimStart == "" || w.ctrStart == "" {
 		t.Fatalf("witness %s: ip %q, pause %d, shim %d, container %d", name, w.ip, w.pausePid, w.shimPid, w.ctrPid)
 	}
@@ -349,10 +349,10 @@ func (w *chaosWitness) check(ctx context.Context, rt cri.RuntimeServiceClient) {
 			problems = append(problems, fmt.Sprintf("pause/shim pid %d/%d, were %d/%d", info.Pid, info.ShimPid, w.pausePid, w.shimPid))
 		}
 	}
-	if procStart(w.pausePid) != w.pauseStart || procStart(w.shimPid) != w.shimStart || procStart(w.ctrPid) != w.ctrStart {
+	if chaosProcStart(w.pausePid) != w.pauseStart || chaosProcStart(w.shimPid) != w.shimStart || chaosProcStart(w.ctrPid) != w.ctrStart {
 		problems = append(problems, fmt.Sprintf("pause %d alive %v, shim %d alive %v, container %d alive %v (same start times: %v %v %v)",
 			w.pausePid, alive(w.pausePid), w.shimPid, alive(w.shimPid), w.ctrPid, alive(w.ctrPid),
-			procStart(w.pausePid) == w.pauseStart, procStart(w.shimPid) == w.shimStart, procStart(w.ctrPid) == w.ctrStart))
+			chaosProcStart(w.pausePid) == w.pauseStart, chaosProcStart(w.shimPid) == w.shimStart, chaosProcStart(w.ctrPid) == w.ctrStart))
 	}
 	cs, err := rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: w.ctr})
 	if err != nil {
@@ -376,9 +376,9 @@ func (w *chaosWitness) check(ctx context.Context, rt cri.RuntimeServiceClient) {
 	}
 }
 
-// isTransient tells the errors of a call cut short by criserver's death (or made
+// chaosTransient tells the errors of a call cut short by criserver's death (or made
 // while it is down) from the answers of a running criserver.
-func isTransient(err error) bool {
+func chaosTransient(err error) bool {
 	switch status.Code(err) {
 	case codes.Unavailable, codes.Canceled, codes.DeadlineExceeded:
 		return true
@@ -419,7 +419,7 @@ func (c *chaosClient) do(step string, fn func(ctx context.Context) error) error 
 		ctx, cancel := context.WithTimeout(c.ctx, 30*time.Second)
 		err := fn(ctx)
 		cancel()
-		if err == nil || !isTransient(err) {
+		if err == nil || !chaosTransient(err) {
 			if err != nil {
 				return fmt.Errorf("%s: %w", step, err)
 			}
@@ -433,7 +433,7 @@ func (c *chaosClient) do(step string, fn func(ctx context.Context) error) error 
 	}
 }
 
-var waitReady = grpc.WaitForReady(true)
+var chaosWaitReady = grpc.WaitForReady(true)
 
 // cycle runs RunPodSandbox, CreateContainer, StartContainer, ExecSync, StopContainer,
 // RemoveContainer, StopPodSandbox and RemovePodSandbox. A step cut short is retried;
@@ -446,11 +446,11 @@ func (c *chaosClient) cycle(n int) {
 	cfg.Labels["chaos-cycle"] = strconv.Itoa(n)
 	var pod string
 	err := c.do("RunPodSandbox "+name, func(ctx context.Context) error {
-		resp, err := c.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: cfg}, waitReady)
+		resp, err := c.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: cfg}, chaosWaitReady)
 		if status.Code(err) == codes.AlreadyExists {
 			// A call cut short made the pod: it is this client's.
 			list, lerr := c.rt.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{Filter: &cri.PodSandboxFilter{
-				LabelSelector: map[string]string{"chaos-client": cfg.Labels["chaos-client"], "chaos-cycle": cfg.Labels["chaos-cycle"]}}}, waitReady)
+				LabelSelector: map[string]string{"chaos-client": cfg.Labels["chaos-client"], "chaos-cycle": cfg.Labels["chaos-cycle"]}}}, chaosWaitReady)
 			if lerr != nil {
 				return lerr
 			}
@@ -472,13 +472,13 @@ func (c *chaosClient) cycle(n int) {
 	c.created[pod] = true
 	defer c.teardown(pod)
 
-	ccfg := ctrConfig("work", c.img, sleeper...)
+	ccfg := ctrConfig("work", c.img, chaosSleeper...)
 	var ctr string
 	err = c.do("CreateContainer", func(ctx context.Context) error {
-		resp, err := c.rt.CreateContainer(ctx, &cri.CreateContainerRequest{PodSandboxId: pod, Config: ccfg, SandboxConfig: cfg}, waitReady)
+		resp, err := c.rt.CreateContainer(ctx, &cri.CreateContainerRequest{PodSandboxId: pod, Config: ccfg, SandboxConfig: cfg}, chaosWaitReady)
 		if status.Code(err) == codes.AlreadyExists {
 			list, lerr := c.rt.ListContainers(ctx, &cri.ListContainersRequest{Filter: &cri.ContainerFilter{
-				PodSandboxId: pod, LabelSelector: map[string]string{"ctr": "work"}}}, waitReady)
+				PodSandboxId: pod, LabelSelector: map[string]string{"ctr": "work"}}}, chaosWaitReady)
 			if lerr != nil {
 				return lerr
 			}
@@ -501,10 +501,10 @@ func (c *chaosClient) cycle(n int) {
 		return
 	}
 	err = c.do("StartContainer", func(ctx context.Context) error {
-		_, err := c.rt.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: ctr}, waitReady)
+		_, err := c.rt.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: ctr}, chaosWaitReady)
 		if status.Code(err) == codes.FailedPrecondition {
 			// A start cut short may have started it.
-			st, serr := c.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: ctr}, waitReady)
+			st, serr := c.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: ctr}, chaosWaitReady)
 			if serr == nil && st.Status.State == cri.ContainerState_CONTAINER_RUNNING {
 				return nil
 			}
@@ -513,7 +513,7 @@ func (c *chaosClient) cycle(n int) {
 	})
 	if err == nil {
 		err = c.do("ExecSync", func(ctx context.Context) error {
-			resp, err := c.rt.ExecSync(ctx, &cri.ExecSyncRequest{ContainerId: ctr, Cmd: []string{"echo", name}, Timeout: 10}, waitReady)
+			resp, err := c.rt.ExecSync(ctx, &cri.ExecSyncRequest{ContainerId: ctr, Cmd: []string{"echo", name}, Timeout: 10}, chaosWaitReady)
 			if err == nil && (string(resp.Stdout) != name+"\n" || resp.ExitCode != 0) {
 				return fmt.Errorf("exec echo: exit %d, stdout %q, stderr %q", resp.ExitCode, resp.Stdout, resp.Stderr)
 			}
@@ -522,13 +522,13 @@ func (c *chaosClient) cycle(n int) {
 	}
 	if err == nil {
 		err = c.do("StopContainer", func(ctx context.Context) error {
-			_, err := c.rt.StopContainer(ctx, &cri.StopContainerRequest{ContainerId: ctr, Timeout: 5}, waitReady)
+			_, err := c.rt.StopContainer(ctx, &cri.StopContainerRequest{ContainerId: ctr, Timeout: 5}, chaosWaitReady)
 			return err
 		})
 	}
 	if err == nil {
 		err = c.do("RemoveContainer", func(ctx context.Context) error {
-			_, err := c.rt.RemoveContainer(ctx, &cri.RemoveContainerRequest{ContainerId: ctr}, waitReady)
+			_, err := c.rt.RemoveContainer(ctx, &cri.RemoveContainerRequest{ContainerId: ctr}, chaosWaitReady)
 			return err
 		})
 	}
@@ -543,12 +543,12 @@ func (c *chaosClient) cycle(n int) {
 // teardown stops and removes the pod (and whatever containers it still has).
 func (c *chaosClient) teardown(pod string) {
 	err := c.do("StopPodSandbox", func(ctx context.Context) error {
-		_, err := c.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: pod}, waitReady)
+		_, err := c.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: pod}, chaosWaitReady)
 		return err
 	})
 	if err == nil {
 		err = c.do("RemovePodSandbox", func(ctx context.Context) error {
-			_, err := c.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: pod}, waitReady)
+			_, err := c.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: pod}, chaosWaitReady)
 			return err
 		})
 	}
@@ -573,7 +573,7 @@ func TestE2EChaosKillCriserver(t *testing.T) {
 	img := e.busybox(ctx)
 	e.chaosWarmUp(t, ctx, img)
 	before := e.leakSnapshot(t)
-	witnesses := []*chaosWitness{e.newWitness(t, ctx, "witness1", img), e.newWitness(t, ctx, "witness2", img)}
+	witnesses := []*chaosWitness{e.newChaosWitness(t, ctx, "witness1", img), e.newChaosWitness(t, ctx, "witness2", img)}
 
 	deadline, _ := ctx.Deadline()
 	clientCtx, stopClients := context.WithCancel(ctx)
@@ -586,7 +586,7 @@ func TestE2EChaosKillCriserver(t *testing.T) {
 		wg.Wait()
 	})
 	for i := range clients {
-		conn, err := grpc.NewClient("unix://"+e.socket, grpc.WithTransportCredentials(insecure.NewCredentials()), fastConnect)
+		conn, err := grpc.NewClient("unix://"+e.socket, grpc.WithTransportCredentials(insecure.NewCredentials()), chaosFastConnect)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -738,26 +738,26 @@ type chaosShimPod struct {
 	ctrStarts  []string
 }
 
-// stillRunning reports whether pid is the process that had start time start and has
+// chaosStillRunning reports whether pid is the process that had start time start and has
 // not exited (a zombie counts as exited).
-func stillRunning(pid int, start string) bool {
-	return start != "" && alive(pid) && procStart(pid) == start
+func chaosStillRunning(pid int, start string) bool {
+	return start != "" && alive(pid) && chaosProcStart(pid) == start
 }
 
-func (e *env) newShimPod(t *testing.T, ctx context.Context, name, img string) *chaosShimPod {
+func (e *env) newChaosShimPod(t *testing.T, ctx context.Context, name, img string) *chaosShimPod {
 	t.Helper()
 	p := &chaosShimPod{name: name, cfg: e.podConfig(name)}
 	p.pod = e.runPod(ctx, p.cfg)
 	for _, c := range []string{"a", "b"} {
-		id := e.runCtr(ctx, p.pod, p.cfg, ctrConfig(name+c, img, sleeper...))
+		id := e.runCtr(ctx, p.pod, p.cfg, ctrConfig(name+c, img, chaosSleeper...))
 		pid, err := chaosCtrPid(ctx, e.rt, id)
 		if err != nil {
 			t.Fatal(err)
 		}
-		p.ctrs, p.ctrPids, p.ctrStarts = append(p.ctrs, id), append(p.ctrPids, pid), append(p.ctrStarts, procStart(pid))
+		p.ctrs, p.ctrPids, p.ctrStarts = append(p.ctrs, id), append(p.ctrPids, pid), append(p.ctrStarts, chaosProcStart(pid))
 	}
 	_, p.info = e.status(ctx, p.pod)
-	p.pauseStart = procStart(p.info.Pid)
+	p.pauseStart = chaosProcStart(p.info.Pid)
 	if !alive(p.info.ShimPid) || !alive(p.info.Pid) {
 		t.Fatalf("pod %s: shim %d or pause %d not running", name, p.info.ShimPid, p.info.Pid)
 	}
@@ -789,11 +789,11 @@ func (p *chaosShimPod) deadState(ctx context.Context, rt cri.RuntimeServiceClien
 // (or a reason naming the shim's death).
 func (p *chaosShimPod) checkDead(t *testing.T, ctx context.Context, rt cri.RuntimeServiceClient, when string) {
 	t.Helper()
-	if stillRunning(p.info.Pid, p.pauseStart) {
+	if chaosStillRunning(p.info.Pid, p.pauseStart) {
 		t.Errorf("pod %s %s: pause process %d still running when the pod is reported NotReady", p.name, when, p.info.Pid)
 	}
 	for i, pid := range p.ctrPids {
-		if stillRunning(pid, p.ctrStarts[i]) {
+		if chaosStillRunning(pid, p.ctrStarts[i]) {
 			t.Errorf("pod %s %s: container %.12s process %d still running when reported exited", p.name, when, p.ctrs[i], pid)
 		}
 	}
@@ -837,7 +837,7 @@ func (p *chaosShimPod) stopRemoveTimed(t *testing.T, ctx context.Context, e *env
 		}
 	}
 	for i, pid := range p.ctrPids {
-		if stillRunning(pid, p.ctrStarts[i]) {
+		if chaosStillRunning(pid, p.ctrStarts[i]) {
 			t.Errorf("pod %s: container %.12s process %d still running after removal", p.name, p.ctrs[i], pid)
 		}
 	}
@@ -847,8 +847,8 @@ func (p *chaosShimPod) stopRemoveTimed(t *testing.T, ctx context.Context, e *env
 // Limits of TestE2EChaosShimKill: how soon a shim's death must show, and how long
 // stopping such a pod may take (it has nothing left to stop).
 const (
-	shimDeathNotice = time.Second
-	deadPodStop     = time.Second
+	chaosShimDeathNotice = 500 * time.Millisecond
+	chaosDeadPodStop     = time.Second
 )
 
 // TestE2EChaosShimKill: kill -9 of the shim of pods with running containers, with
@@ -867,7 +867,7 @@ func TestE2EChaosShimKill(t *testing.T) {
 	var d chaosDaemon
 	var notice, recovered, stops []time.Duration
 	for i := range max(cc.shimPods, 2) {
-		p := e.newShimPod(t, ctx, fmt.Sprintf("shimkill%d", i), img)
+		p := e.newChaosShimPod(t, ctx, fmt.Sprintf("shimkill%d", i), img)
 		if i%2 == 0 {
 			// criserver running: time how long until it reports the death.
 			start := time.Now()
@@ -892,8 +892,8 @@ func TestE2EChaosShimKill(t *testing.T) {
 			took := time.Since(start)
 			notice = append(notice, took)
 			p.checkDead(t, ctx, e.rt, "after its shim was killed")
-			if took > shimDeathNotice {
-				t.Errorf("pod %s: shim death reported after %v (limit %v): %s", p.name, took, shimDeathNotice, desc)
+			if took > chaosShimDeathNotice {
+				t.Errorf("pod %s: shim death reported after %v (limit %v): %s", p.name, took, chaosShimDeathNotice, desc)
 			}
 		} else {
 			// criserver down: the shim is found dead at recovery.
@@ -919,19 +919,19 @@ func TestE2EChaosShimKill(t *testing.T) {
 		}
 		took := p.stopRemoveTimed(t, ctx, e)
 		stops = append(stops, took)
-		if took > deadPodStop {
-			t.Errorf("pod %s: StopPodSandbox took %v after its shim died (limit %v)", p.name, took, deadPodStop)
+		if took > chaosDeadPodStop {
+			t.Errorf("pod %s: StopPodSandbox took %v after its shim died (limit %v)", p.name, took, chaosDeadPodStop)
 		}
 	}
 	panics := e.chaosCheckDaemon(t, &d)
 	after := e.assertNoLeaks(t, before, 10*time.Second)
 	t.Logf("chaos (b) figures: shims killed %d (%d with criserver running, %d while it was down), NotReady+Exited detection %s, restart that found the shim dead %s, StopPodSandbox of a dead pod %s, panics %d, leaked objects %d, duration %v",
-		len(notice)+len(recovered), len(notice), len(recovered), durations(notice), durations(recovered), durations(stops),
+		len(notice)+len(recovered), len(notice), len(recovered), chaosDurations(notice), chaosDurations(recovered), chaosDurations(stops),
 		panics, before.leakedObjects(after), time.Since(started).Round(time.Millisecond))
 }
 
-// durations summarises a sample as min/median/max.
-func durations(ds []time.Duration) string {
+// chaosDurations summarises a sample as min/median/max.
+func chaosDurations(ds []time.Duration) string {
 	if len(ds) == 0 {
 		return "-"
 	}
@@ -1061,9 +1061,9 @@ func (e *env) chaosCheckOwnership(t *testing.T, d *chaosDaemon, seen map[string]
 	return n
 }
 
-// cutShort runs call in a goroutine, kills criserver after delay and restarts it.
+// chaosCutShort runs call in a goroutine, kills criserver after delay and restarts it.
 // It returns the call's error (nil: it completed before the kill).
-func (e *env) cutShort(t *testing.T, d *chaosDaemon, delay time.Duration, call func() error) error {
+func (e *env) chaosCutShort(t *testing.T, d *chaosDaemon, delay time.Duration, call func() error) error {
 	t.Helper()
 	res := make(chan error, 1)
 	go func() { res <- call() }()
@@ -1126,7 +1126,7 @@ func TestE2EChaosKillDuringCreate(t *testing.T) {
 		}
 	}
 	for _, how := range []string{"kill -9", "SIGTERM"} {
-		resp, err := e.rt.CreateContainer(ctx, &cri.CreateContainerRequest{PodSandboxId: podID, Config: ctrConfig("restarted", img, sleeper...), SandboxConfig: pod})
+		resp, err := e.rt.CreateContainer(ctx, &cri.CreateContainerRequest{PodSandboxId: podID, Config: ctrConfig("restarted", img, chaosSleeper...), SandboxConfig: pod})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1143,7 +1143,7 @@ func TestE2EChaosKillDuringCreate(t *testing.T) {
 	var createTook time.Duration
 	for i := range 3 {
 		start := time.Now()
-		resp, err := e.rt.CreateContainer(ctx, &cri.CreateContainerRequest{PodSandboxId: podID, Config: ctrConfig(fmt.Sprintf("timed%d", i), img, sleeper...), SandboxConfig: pod})
+		resp, err := e.rt.CreateContainer(ctx, &cri.CreateContainerRequest{PodSandboxId: podID, Config: ctrConfig(fmt.Sprintf("timed%d", i), img, chaosSleeper...), SandboxConfig: pod})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1161,8 +1161,8 @@ func TestE2EChaosKillDuringCreate(t *testing.T) {
 		rt := e.rt
 		var created string
 		delay := rand.N(maxDelay)
-		err := e.cutShort(t, &d, delay, func() error {
-			resp, err := rt.CreateContainer(ctx, &cri.CreateContainerRequest{PodSandboxId: podID, Config: ctrConfig(name, img, sleeper...), SandboxConfig: pod})
+		err := e.chaosCutShort(t, &d, delay, func() error {
+			resp, err := rt.CreateContainer(ctx, &cri.CreateContainerRequest{PodSandboxId: podID, Config: ctrConfig(name, img, chaosSleeper...), SandboxConfig: pod})
 			if err == nil {
 				created = resp.ContainerId
 			}
@@ -1214,22 +1214,22 @@ func chaosBigImage(t *testing.T) (v1.Image, int) {
 	return imagetest.NewImage(t, imagetest.ImageOptions{}, layers...), n * size
 }
 
-// slowBlobs throttles blob downloads while on is set (64 KiB, then 2 ms), so that a
+// chaosSlowBlobs throttles blob downloads while on is set (64 KiB, then 2 ms), so that a
 // kill lands in the middle of a blob, with partial files in ingest/.
-func slowBlobs(on *atomic.Bool) imagetest.RegistryOption {
+func chaosSlowBlobs(on *atomic.Bool) imagetest.RegistryOption {
 	return imagetest.WithMiddleware(func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if on.Load() && r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/blobs/") {
-				w = throttledWriter{w}
+				w = chaosThrottledWriter{w}
 			}
 			next.ServeHTTP(w, r)
 		})
 	})
 }
 
-type throttledWriter struct{ http.ResponseWriter }
+type chaosThrottledWriter struct{ http.ResponseWriter }
 
-func (w throttledWriter) Write(p []byte) (int, error) {
+func (w chaosThrottledWriter) Write(p []byte) (int, error) {
 	n := 0
 	for len(p) > 0 {
 		k := min(len(p), 64<<10)
@@ -1255,7 +1255,7 @@ func TestE2EChaosKillDuringPull(t *testing.T) {
 	ctx := chaosCtx(t, cc)
 	started := time.Now()
 	var slow atomic.Bool
-	host := imagetest.StartRegistry(t, slowBlobs(&slow))
+	host := imagetest.StartRegistry(t, chaosSlowBlobs(&slow))
 	img, dataSize := chaosBigImage(t)
 	imagetest.Push(t, host, "chaos/big:v1", img)
 	ref := host + "/chaos/big:v1"
@@ -1313,7 +1313,7 @@ func TestE2EChaosKillDuringPull(t *testing.T) {
 		what := fmt.Sprintf("kill %v into a %s PullImage", delay, []string{"fast", "throttled"}[mode])
 		rt := e.img
 		slow.Store(mode == 1)
-		err := e.cutShort(t, &d, delay, func() error { return pull(rt) })
+		err := e.chaosCutShort(t, &d, delay, func() error { return pull(rt) })
 		slow.Store(false)
 		if err == nil {
 			completed++
