@@ -1,22 +1,20 @@
 package e2e
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/crisp-runtime/crisp/fulldisk"
 	"github.com/crisp-runtime/crisp/image/diskspace"
 	"github.com/crisp-runtime/crisp/image/imagetest"
 )
@@ -28,17 +26,7 @@ func mountTmpfs(t *testing.T, dir, size string) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size="+size); err != nil {
-		t.Fatalf("mount tmpfs on %s: %v", dir, err)
-	}
-}
-
-// resizeTmpfs changes the size of the tmpfs on dir, as an operator freeing space would.
-func resizeTmpfs(t *testing.T, dir, size string) {
-	t.Helper()
-	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_REMOUNT, "size="+size); err != nil {
-		t.Fatalf("resize tmpfs on %s: %v", dir, err)
-	}
+	fulldisk.MountNoCleanup(t, dir, "size="+size)
 }
 
 // withImageReserve appends the image store's free-space reserve to the env's config.
@@ -52,29 +40,6 @@ func (e *env) withImageReserve(minFreeBytes int64, minFreePercent float64) {
 	if _, err := fmt.Fprintf(f, "[image]\nmin_free_bytes = %d\nmin_free_percent = %v\n", minFreeBytes, minFreePercent); err != nil {
 		e.t.Fatal(err)
 	}
-}
-
-// lowestFree samples the free space of dir every 2 ms until stop is closed and sends
-// the lowest value seen.
-func lowestFree(dir string, stop <-chan struct{}) <-chan int64 {
-	out := make(chan int64, 1)
-	go func() {
-		low := int64(-1)
-		tick := time.NewTicker(2 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			if sp, err := diskspace.Stat(dir); err == nil && (low < 0 || sp.Free < low) {
-				low = sp.Free
-			}
-			select {
-			case <-stop:
-				out <- low
-				return
-			case <-tick.C:
-			}
-		}
-	}()
-	return out
 }
 
 // assertImagesEmpty fails if anything of a failed pull is left under root/images: an
@@ -134,7 +99,7 @@ func testDiskFullReserve(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := make(chan struct{})
-	low := lowestFree(images, stop)
+	low := fulldisk.LowestFree(images, stop)
 	start = time.Now()
 	_, err = e.img.PullImage(ctx, &cri.PullImageRequest{Image: &cri.ImageSpec{Image: ref}})
 	took := time.Since(start)
@@ -155,7 +120,7 @@ func testDiskFullReserve(t *testing.T) {
 	}
 	e.assertImagesEmpty(t)
 
-	resizeTmpfs(t, images, "3g")
+	fulldisk.Resize(t, images, "3g")
 	start = time.Now()
 	resp, err := e.img.PullImage(ctx, &cri.PullImageRequest{Image: &cri.ImageSpec{Image: ref}})
 	if err != nil {
@@ -201,7 +166,7 @@ func testDiskFullENOSPC(t *testing.T) {
 			t.Fatalf("criserver after a full disk: %v", err)
 		}
 	}
-	resizeTmpfs(t, images, "256m")
+	fulldisk.Resize(t, images, "256m")
 	for _, name := range []string{"download:v1", "unpack:v1"} {
 		if _, err := e.img.PullImage(ctx, &cri.PullImageRequest{Image: &cri.ImageSpec{Image: host + "/" + name}}); err != nil {
 			t.Fatalf("pull %s after space was freed: %v", name, err)
@@ -227,24 +192,6 @@ func lastLineNumber(t *testing.T, path string) int {
 		}
 	}
 	return 0
-}
-
-// fillUp writes zeros to path until the filesystem is full.
-func fillUp(t *testing.T, path string) {
-	t.Helper()
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	buf := make([]byte, 64<<10)
-	for {
-		if _, err := f.Write(buf); errors.Is(err, syscall.ENOSPC) {
-			return
-		} else if err != nil {
-			t.Fatal(err)
-		}
-	}
 }
 
 // testDiskFullLogs: a container whose log directory is on a full filesystem keeps
@@ -288,7 +235,7 @@ func testDiskFullLogs(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 
-	fillUp(t, filepath.Join(pod.LogDirectory, "filler"))
+	fulldisk.Fill(t, filepath.Join(pod.LogDirectory, "filler"))
 	time.Sleep(200 * time.Millisecond) // let what was in flight fail
 	lastBefore := lastLineNumber(t, logPath)
 	c1 := count()

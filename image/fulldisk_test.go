@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
-	"golang.org/x/sys/unix"
 
+	"github.com/crisp-runtime/crisp/fulldisk"
 	"github.com/crisp-runtime/crisp/image/diskspace"
 	"github.com/crisp-runtime/crisp/image/imagetest"
 	"github.com/crisp-runtime/crisp/store"
@@ -27,14 +27,7 @@ func newSmallFixture(t *testing.T, size string, minFree int64) *fixture {
 	if err := os.Mkdir(images, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := unix.Mount("tmpfs", images, "tmpfs", 0, "size="+size); err != nil {
-		t.Fatalf("mount tmpfs: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := unix.Unmount(images, unix.MNT_DETACH); err != nil {
-			t.Errorf("unmount %s: %v", images, err)
-		}
-	})
+	fulldisk.Mount(t, images, "size="+size)
 	db, err := store.Open(filepath.Join(root, "meta.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -50,10 +43,7 @@ func newSmallFixture(t *testing.T, size string, minFree int64) *fixture {
 // resize changes the size of the fixture's tmpfs, as an operator freeing space would.
 func (f *fixture) resize(size string) {
 	f.t.Helper()
-	images := filepath.Join(f.root, "images")
-	if err := unix.Mount("tmpfs", images, "tmpfs", unix.MS_REMOUNT, "size="+size); err != nil {
-		f.t.Fatalf("remount tmpfs: %v", err)
-	}
+	fulldisk.Resize(f.t, filepath.Join(f.root, "images"), size)
 }
 
 // assertNothingLeft fails if a failed pull left an image, a snapshot (recorded or a
@@ -80,28 +70,6 @@ func (f *fixture) assertNothingLeft() {
 	}
 }
 
-// minFree samples the free space of dir until stop is closed and returns the lowest seen.
-func minFree(dir string, stop <-chan struct{}) <-chan int64 {
-	out := make(chan int64, 1)
-	go func() {
-		low := int64(-1)
-		tick := time.NewTicker(2 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			if sp, err := diskspace.Stat(dir); err == nil && (low < 0 || sp.Free < low) {
-				low = sp.Free
-			}
-			select {
-			case <-stop:
-				out <- low
-				return
-			case <-tick.C:
-			}
-		}
-	}()
-	return out
-}
-
 // TestPullRefusesLayerBeyondReserve: a layer whose small gzip unpacks to more than the
 // image filesystem can hold above the reserve is refused while it unpacks, before the
 // reserve is eaten into by more than one check interval, with ResourceExhausted naming
@@ -123,7 +91,7 @@ func TestPullRefusesLayerBeyondReserve(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := make(chan struct{})
-	low := minFree(images, stop)
+	low := fulldisk.LowestFree(images, stop)
 	start := time.Now()
 	_, err = f.svc.Pull(context.Background(), ref, nil)
 	took := time.Since(start)

@@ -2,62 +2,21 @@ package store
 
 import (
 	"bytes"
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/containerd/errdefs"
-	"golang.org/x/sys/unix"
+
+	"github.com/crisp-runtime/crisp/fulldisk"
 )
-
-// smallFS mounts a tmpfs of size bytes on a new directory, unmounted when the test ends.
-func smallFS(t *testing.T, size string) string {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("mounting a size-limited tmpfs needs root")
-	}
-	dir := t.TempDir()
-	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size="+size); err != nil {
-		t.Fatalf("mount tmpfs: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
-			t.Errorf("unmount %s: %v", dir, err)
-		}
-	})
-	return dir
-}
-
-// fill writes zeros to path until the filesystem is full and returns the bytes written.
-func fill(t *testing.T, path string) int64 {
-	t.Helper()
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	buf := make([]byte, 64<<10)
-	var n int64
-	for {
-		w, err := f.Write(buf)
-		n += int64(w)
-		if errors.Is(err, syscall.ENOSPC) {
-			return n
-		}
-		if err != nil {
-			t.Fatalf("fill %s: %v", path, err)
-		}
-	}
-}
 
 // TestStoreFullDisk: a write that meets a full filesystem is ResourceExhausted, changes
 // nothing (a multi-record Apply included), and once space is freed the same database
 // takes writes again and reopens intact.
 func TestStoreFullDisk(t *testing.T) {
-	dir := smallFS(t, "8m")
+	dir := fulldisk.New(t, "size=8m")
 	path := filepath.Join(dir, "meta.db")
 	s, err := Open(path)
 	if err != nil {
@@ -68,7 +27,7 @@ func TestStoreFullDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	filler := filepath.Join(dir, "filler")
-	fill(t, filler)
+	fulldisk.Fill(t, filler)
 
 	big := rec{Name: strings.Repeat("x", 1<<20)}
 	err = s.Put("b", "big", big)

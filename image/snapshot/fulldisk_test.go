@@ -9,7 +9,8 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
-	"golang.org/x/sys/unix"
+
+	"github.com/crisp-runtime/crisp/fulldisk"
 )
 
 // TestPrepareFullDisk: creating a container's writable snapshot on a filesystem out of
@@ -22,14 +23,7 @@ func TestPrepareFullDisk(t *testing.T) {
 	if err := os.Mkdir(root, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := unix.Mount("tmpfs", root, "tmpfs", 0, "size=8m,nr_inodes=64"); err != nil {
-		t.Fatalf("mount tmpfs: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := unix.Unmount(root, unix.MNT_DETACH); err != nil {
-			t.Errorf("unmount %s: %v", root, err)
-		}
-	})
+	fulldisk.Mount(t, root, "size=8m,nr_inodes=64")
 	f := newFixture(t, base) // the database stays on the disk
 
 	fillers := filepath.Join(root, "tmp-fillers") // a name Open would clean up

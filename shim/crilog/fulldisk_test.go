@@ -9,33 +9,15 @@ import (
 	"syscall"
 	"testing"
 
-	"golang.org/x/sys/unix"
+	"github.com/crisp-runtime/crisp/fulldisk"
 )
-
-// smallFS mounts a tmpfs of size on a new directory, unmounted when the test ends.
-func smallFS(t *testing.T, size string) string {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("mounting a size-limited tmpfs needs root")
-	}
-	dir := t.TempDir()
-	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size="+size); err != nil {
-		t.Fatalf("mount tmpfs: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
-			t.Errorf("unmount %s: %v", dir, err)
-		}
-	})
-	return dir
-}
 
 // TestFullDiskDropsAndResumes: on a full filesystem every byte given to a stream is
 // still consumed, the records that could not be written are counted, the file holds
 // only whole records (a short write's remains are cut off), and once space is freed
 // the next records are written.
 func TestFullDiskDropsAndResumes(t *testing.T) {
-	dir := smallFS(t, "1m")
+	dir := fulldisk.New(t, "size=1m")
 	path := filepath.Join(dir, "c.log")
 	w, err := Open(path, 0)
 	if err != nil {

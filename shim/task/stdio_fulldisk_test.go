@@ -11,8 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/crisp-runtime/crisp/fulldisk"
 	"github.com/crisp-runtime/crisp/shim/crilog"
 )
 
@@ -49,14 +48,7 @@ func (h *recordingHandler) messages() []string {
 // and reported once, then again only after logReportInterval, and once space is freed
 // lines are written again and that is reported too.
 func TestLogSinkFullDisk(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounting a size-limited tmpfs needs root")
-	}
-	dir := t.TempDir()
-	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
-		t.Fatalf("mount tmpfs: %v", err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	dir := fulldisk.New(t, "size=1m")
 	filler := filepath.Join(dir, "filler")
 	if err := os.WriteFile(filler, bytes.Repeat([]byte{0}, 2<<20), 0o600); err == nil {
 		t.Fatal("2 MiB filler fit into a 1 MiB tmpfs")
