@@ -179,9 +179,58 @@ func (e *env) chaosSweep(t *testing.T) {
 	for _, ctrl := range append(cgroupControllers(), "unified") {
 		_ = os.Remove(filepath.Join("/sys/fs/cgroup", ctrl, e.cgroup))
 	}
-	if killed+removed > 0 {
-		t.Logf("swept after the test: %d processes killed, %d cgroups removed (left by the runtime)", killed, removed)
+	rules := e.chaosSweepIptables()
+	if killed+removed+rules > 0 {
+		t.Logf("swept after the test: %d processes killed, %d cgroups and %d iptables rules removed (left by the runtime)", killed, removed, rules)
 	}
+}
+
+// chaosSweepIptables deletes the iptables rules and per-pod chains of the env's
+// subnet (leakIptablesRules) that leaked pods left, and returns how many rules.
+func (e *env) chaosSweepIptables() int {
+	rules := e.leakIptablesRules()
+	if len(rules) == 0 || strings.HasPrefix(rules[0], "iptables-save failed") {
+		return 0
+	}
+	type tableOps struct{ del, flush []string }
+	ops := map[string]*tableOps{}
+	for _, r := range rules {
+		table, rule, _ := strings.Cut(r, " ")
+		if ops[table] == nil {
+			ops[table] = &tableOps{}
+		}
+		o := ops[table]
+		switch {
+		case strings.HasPrefix(rule, ":"):
+			chain, _, _ := strings.Cut(rule[1:], " ")
+			o.flush = append(o.flush, chain)
+		case strings.HasPrefix(rule, "-A "):
+			chain, _, _ := strings.Cut(rule[3:], " ")
+			if !leakCNIChain.MatchString(chain) {
+				o.del = append(o.del, "-D "+rule[3:])
+			}
+		}
+	}
+	var in strings.Builder
+	for table, o := range ops {
+		fmt.Fprintf(&in, "*%s\n", table)
+		for _, d := range o.del {
+			fmt.Fprintln(&in, d)
+		}
+		for _, c := range o.flush {
+			fmt.Fprintf(&in, "-F %s\n", c)
+		}
+		for _, c := range o.flush {
+			fmt.Fprintf(&in, "-X %s\n", c)
+		}
+		fmt.Fprintln(&in, "COMMIT")
+	}
+	cmd := exec.Command("iptables-restore", "--noflush")
+	cmd.Stdin = strings.NewReader(in.String())
+	if err := cmd.Run(); err != nil {
+		return 0
+	}
+	return len(rules)
 }
 
 // chaosDaemon counts kills of criserver and the times it died by itself.
