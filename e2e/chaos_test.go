@@ -102,33 +102,49 @@ var chaosFastConnect = grpc.WithConnectParams(grpc.ConnectParams{
 	MinConnectTimeout: 2 * time.Second,
 })
 
-// chaosStart is e.start with chaosFastConnect, so that a restart after kill -9 (which
-// leaves the old socket file behind) does not wait out gRPC's first backoff step.
-func (e *env) chaosStart(t *testing.T) {
-	t.Helper()
+// chaosStartOnce is e.start with chaosFastConnect, so that a restart after kill -9
+// (which leaves the old socket file behind) does not wait out gRPC's first backoff
+// step. It fails when criserver exits before it answers, or does not answer in 30 s.
+func (e *env) chaosStartOnce() error {
 	logf, err := os.OpenFile(e.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	defer logf.Close()
 	cmd := exec.Command(filepath.Join(binDir, "criserver"), "--config", e.cfgPath)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	e.cmd = cmd
 	conn, err := grpc.NewClient("unix://"+e.socket, grpc.WithTransportCredentials(insecure.NewCredentials()), chaosFastConnect)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	e.conn = conn
 	e.rt = cri.NewRuntimeServiceClient(conn)
 	e.img = cri.NewImageServiceClient(conn)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := e.rt.Version(ctx, &cri.VersionRequest{}, grpc.WaitForReady(true)); err != nil {
-		t.Fatalf("criserver does not answer after a restart: %v\n%s", err, e.log())
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		_, err := e.rt.Version(ctx, &cri.VersionRequest{}, grpc.WaitForReady(true))
+		cancel()
+		switch {
+		case err == nil:
+			return nil
+		case !alive(cmd.Process.Pid):
+			return fmt.Errorf("criserver pid %d exited while starting (before it answered)", cmd.Process.Pid)
+		case time.Now().After(deadline):
+			return fmt.Errorf("criserver does not answer 30 s after a start: %v", err)
+		}
+	}
+}
+
+// chaosStart starts criserver; the test fails if it does not come up.
+func (e *env) chaosStart(t *testing.T) {
+	t.Helper()
+	if err := e.chaosStartOnce(); err != nil {
+		t.Fatalf("%v\n%s", err, e.log())
 	}
 }
 
@@ -242,6 +258,13 @@ type chaosDaemon struct {
 // kill9 kills criserver with SIGKILL and records whether it was still running: a
 // process that exited before the kill (a panic exits with status 2) is a crash.
 func (d *chaosDaemon) kill9(e *env) {
+	d.kills++
+	d.reap(e)
+}
+
+// reap kills criserver if it still runs, waits for it and records a crash if it had
+// exited by itself.
+func (d *chaosDaemon) reap(e *env) {
 	cmd := e.cmd
 	// The process first, then the client connection: a call in flight must be cut by
 	// the death, not cancelled a moment before it.
@@ -249,10 +272,26 @@ func (d *chaosDaemon) kill9(e *env) {
 		_ = syscall.Kill(cmd.Process.Pid, syscall.SIGKILL)
 	}
 	e.kill9()
-	d.kills++
 	if cmd != nil && cmd.ProcessState != nil {
 		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && !(ws.Signaled() && ws.Signal() == syscall.SIGKILL) {
 			d.crashes = append(d.crashes, fmt.Sprintf("criserver pid %d exited by itself: %v", cmd.Process.Pid, cmd.ProcessState))
+		}
+	}
+}
+
+// restart starts criserver after a kill. One that dies while starting (a panic in
+// recovery, or just after it) is recorded as a crash and started again, up to three
+// times, so that the test goes on and reports every crash.
+func (d *chaosDaemon) restart(t *testing.T, e *env) {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		err := e.chaosStartOnce()
+		if err == nil {
+			return
+		}
+		d.reap(e)
+		if attempt == 3 {
+			t.Fatalf("criserver does not come up after a kill (3 attempts): %v\n%s", err, e.log())
 		}
 	}
 }
@@ -678,7 +717,7 @@ func TestE2EChaosKillCriserver(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 		d.kill9(e)
-		e.chaosStart(t)
+		d.restart(t, e)
 		for _, w := range witnesses {
 			w.check(ctx, e.rt)
 		}
@@ -954,7 +993,7 @@ func TestE2EChaosShimKill(t *testing.T) {
 				time.Sleep(5 * time.Millisecond)
 			}
 			start := time.Now()
-			e.chaosStart(t)
+			d.restart(t, e)
 			ready := time.Since(start)
 			done, desc, err := p.deadState(ctx, e.rt)
 			if err != nil {
@@ -1124,7 +1163,7 @@ func (e *env) chaosCheckOwnership(t *testing.T, d *chaosDaemon, seen map[string]
 			t.Errorf("%s: %s", when, o)
 		}
 	}
-	e.chaosStart(t)
+	d.restart(t, e)
 	return n
 }
 
@@ -1137,7 +1176,7 @@ func (e *env) chaosCutShort(t *testing.T, d *chaosDaemon, delay time.Duration, c
 	time.Sleep(delay)
 	d.kill9(e)
 	err := <-res
-	e.chaosStart(t)
+	d.restart(t, e)
 	return err
 }
 
@@ -1186,7 +1225,7 @@ func TestE2EChaosKillDuringCreate(t *testing.T) {
 		if e.cmd == nil || !alive(e.cmd.Process.Pid) {
 			t.Errorf("%s: criserver died when the container started after the restart exited (its log shows why)", when)
 			d.kill9(e)
-			e.chaosStart(t)
+			d.restart(t, e)
 		}
 		if _, err := e.rt.RemoveContainer(ctx, &cri.RemoveContainerRequest{ContainerId: id}); err != nil {
 			t.Errorf("%s: RemoveContainer: %v", when, err)
@@ -1202,7 +1241,7 @@ func TestE2EChaosKillDuringCreate(t *testing.T) {
 		} else {
 			e.stop()
 		}
-		e.chaosStart(t)
+		d.restart(t, e)
 		runSurvivor(resp.ContainerId, "created, then criserver restarted after "+how)
 	}
 
