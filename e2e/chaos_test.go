@@ -161,6 +161,18 @@ func chaosEnv(t *testing.T) *env {
 		}
 	})
 	e = newEnv(t)
+	// CRISP_CHAOS_KEEP_LOGS=DIR keeps criserver's whole log of a failed chaos test
+	// (the env prints only its tail).
+	if dir := os.Getenv("CRISP_CHAOS_KEEP_LOGS"); dir != "" {
+		t.Cleanup(func() {
+			if data, err := os.ReadFile(e.logPath); err == nil && t.Failed() {
+				path := filepath.Join(dir, fmt.Sprintf("%s-%s.log", t.Name(), time.Now().Format("150405")))
+				if os.WriteFile(path, data, 0o600) == nil {
+					t.Logf("criserver's whole log: %s", path)
+				}
+			}
+		})
+	}
 	e.chaosStart(t)
 	return e
 }
