@@ -449,10 +449,10 @@ func (w *chaosWitness) check(ctx context.Context, rt cri.RuntimeServiceClient) {
 			problems = append(problems, fmt.Sprintf("pause/shim pid %d/%d, were %d/%d", info.Pid, info.ShimPid, w.pausePid, w.shimPid))
 		}
 	}
-	if chaosProcStart(w.pausePid) != w.pauseStart || chaosProcStart(w.shimPid) != w.shimStart || chaosProcStart(w.ctrPid) != w.ctrStart {
-		problems = append(problems, fmt.Sprintf("pause %d alive %v, shim %d alive %v, container %d alive %v (same start times: %v %v %v)",
-			w.pausePid, alive(w.pausePid), w.shimPid, alive(w.shimPid), w.ctrPid, alive(w.ctrPid),
-			chaosProcStart(w.pausePid) == w.pauseStart, chaosProcStart(w.shimPid) == w.shimStart, chaosProcStart(w.ctrPid) == w.ctrStart))
+	pause, shim, ctr := chaosStillRunning(w.pausePid, w.pauseStart), chaosStillRunning(w.shimPid, w.shimStart), chaosStillRunning(w.ctrPid, w.ctrStart)
+	if !pause || !shim || !ctr {
+		problems = append(problems, fmt.Sprintf("still running (same pid and start time): pause %d %v, shim %d %v, container %d %v",
+			w.pausePid, pause, w.shimPid, shim, w.ctrPid, ctr))
 	}
 	cs, err := rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: w.ctr})
 	if err != nil {
