@@ -1222,8 +1222,10 @@ func TestE2EChaosKillDuringCreate(t *testing.T) {
 			}
 			if _, err := e.rt.StopContainer(ctx, &cri.StopContainerRequest{ContainerId: id, Timeout: 5}); err != nil {
 				t.Errorf("%s: StopContainer: %v", when, err)
-			} else if cs, err := e.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: id}); err != nil || cs.Status.State != cri.ContainerState_CONTAINER_EXITED {
-				t.Errorf("%s: StopContainer returned with the container %v (%v): it must return once the container exited", when, cs.GetStatus().GetState(), err)
+			} else if cs, err := e.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: id}); err != nil {
+				t.Errorf("%s: ContainerStatus after StopContainer: %v", when, err)
+			} else if cs.Status.State != cri.ContainerState_CONTAINER_EXITED {
+				t.Errorf("%s: StopContainer returned with the container %v: it must return once the container exited", when, cs.Status.State)
 			}
 			for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
 				cs, err := e.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: id})
