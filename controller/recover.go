@@ -39,8 +39,12 @@ func (c *Controller) Recover(ctx context.Context) ([]string, error) {
 		c.mu.Unlock()
 		if r.Phase == phaseCreating {
 			c.log.Info("undoing pod creation cut short by a restart", "pod", r.ID)
-			// A `shim start` run by the killed criserver may still be going.
+			// A `shim start` and CNI plugins run by the killed criserver may still be
+			// going: what they do after the undo would be left behind.
 			waitShimStart(ctx, r.Bundle, r.ID, c.opts.ShimStartTimeout)
+			if n := c.net.AwaitOrphanPlugins(ctx, r.ID); n > 0 {
+				c.log.Info("waited for CNI plugins of the previous criserver", "pod", r.ID, "plugins", n)
+			}
 			if r.Address == "" {
 				// The shim may have started after the last write: it left its address.
 				if data, err := os.ReadFile(filepath.Join(r.Bundle, "shim.address")); err == nil {
@@ -80,7 +84,30 @@ func (c *Controller) Recover(ctx context.Context) ([]string, error) {
 		c.log.Info("reconnected to pod shim", "pod", r.ID, "address", r.Address)
 	}
 	c.removeStraySockets()
+	c.awaitReapers(ctx)
 	return ids, nil
+}
+
+// awaitReapers waits until the pods of the shims recovery found dead have been
+// killed, so that nothing is served about a pod whose processes may still run.
+func (c *Controller) awaitReapers(ctx context.Context) {
+	c.mu.Lock()
+	var reaping []*sandbox
+	for _, sb := range c.sandboxes {
+		sb.mu.Lock()
+		if sb.reaping {
+			reaping = append(reaping, sb)
+		}
+		sb.mu.Unlock()
+	}
+	c.mu.Unlock()
+	for _, sb := range reaping {
+		select {
+		case <-sb.reaped:
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // removeStraySockets removes sockets in crisp's shim socket dir that no known pod

@@ -373,8 +373,8 @@ func (s *Service) StartContainer(ctx context.Context, req *runtime.StartContaine
 		c.rec.State, c.rec.FinishedAt, c.rec.ExitCode, c.rec.Reason, c.rec.Message = stateExited, time.Now().UnixNano(), 128, "StartError", err.Error()
 		r := c.rec
 		c.mu.Unlock()
-		c.markExited()
 		_ = s.store.Put(containerBucket, r.ID, r)
+		c.markExited()
 		// It will never run: kubelet must see it exited like any other stop.
 		s.emitContainerEvent(r.ID, r.PodID, runtime.ContainerEventType_CONTAINER_STOPPED_EVENT)
 		return nil, toStatus(err)
@@ -395,50 +395,64 @@ func (s *Service) StartContainer(ctx context.Context, req *runtime.StartContaine
 // monitor waits in the background for the container's exit and records it. Only the
 // first call starts one; removeContainer stops it.
 func (s *Service) monitor(c *container) {
-	c.mu.Lock()
-	if c.monitored {
-		c.mu.Unlock()
+	ctx, cancel, rec, ok := s.claimMonitor(c)
+	if !ok {
 		return
 	}
-	c.monitored = true
-	ctx, cancel := context.WithCancel(s.bg)
-	c.cancel = cancel
-	rec := c.rec
-	c.mu.Unlock()
 	s.monitors.Add(1)
 	go func() {
 		defer s.monitors.Done()
 		defer cancel()
-		st, err := s.ctrl.WaitContainer(ctx, rec.PodID, rec.ID)
-		if ctx.Err() != nil {
-			return
-		}
-		// The reason is settled before the exit is published: a ContainerStatus
-		// between the two would otherwise report an OOM kill as "Error".
-		oom := false
-		if err == nil && !st.ShimDied {
-			octx, ocancel := context.WithTimeout(context.Background(), 5*time.Second)
-			killed, oerr := s.ctrl.OOMKilled(octx, rec.PodID, rec.ID)
-			ocancel()
-			oom = oerr == nil && killed
-		}
-		c.mu.Lock()
-		if c.rec.State != stateRunning {
-			c.mu.Unlock()
-			return
-		}
-		c.exitRecord(st, err, oom)
-		r := c.rec
-		c.mu.Unlock()
-		// Before exited is closed: RemoveContainer waits for it, so STOPPED always
-		// precedes DELETED.
-		s.emitContainerEvent(r.ID, r.PodID, runtime.ContainerEventType_CONTAINER_STOPPED_EVENT)
-		c.markExited()
-		if err := s.store.Put(containerBucket, r.ID, r); err != nil {
-			s.log.Error("record container exit", "container", r.ID, "err", err)
-		}
-		s.log.Info("container exited", "container", r.ID, "exit_code", r.ExitCode, "reason", r.Reason)
+		s.awaitExit(ctx, c, rec)
 	}()
+}
+
+// claimMonitor makes the caller c's one exit monitor: false when c has one already.
+func (s *Service) claimMonitor(c *container) (context.Context, context.CancelFunc, containerRecord, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.monitored {
+		return nil, nil, containerRecord{}, false
+	}
+	c.monitored = true
+	ctx, cancel := context.WithCancel(s.bg)
+	c.cancel = cancel
+	return ctx, cancel, c.rec, true
+}
+
+// awaitExit waits for the container's exit and records it: the record first, then
+// exited is closed, so that a RemoveContainer waiting for the exit deletes the record
+// after this write and not before it (the record would come back).
+func (s *Service) awaitExit(ctx context.Context, c *container, rec containerRecord) {
+	st, err := s.ctrl.WaitContainer(ctx, rec.PodID, rec.ID)
+	if ctx.Err() != nil {
+		return
+	}
+	// The reason is settled before the exit is published: a ContainerStatus between
+	// the two would otherwise report an OOM kill as "Error".
+	oom := false
+	if err == nil && !st.ShimDied {
+		octx, ocancel := context.WithTimeout(context.Background(), 5*time.Second)
+		killed, oerr := s.ctrl.OOMKilled(octx, rec.PodID, rec.ID)
+		ocancel()
+		oom = oerr == nil && killed
+	}
+	c.mu.Lock()
+	if c.rec.State != stateRunning {
+		c.mu.Unlock()
+		return
+	}
+	c.exitRecord(st, err, oom)
+	r := c.rec
+	c.mu.Unlock()
+	if err := s.store.Put(containerBucket, r.ID, r); err != nil {
+		s.log.Error("record container exit", "container", r.ID, "err", err)
+	}
+	// Before exited is closed: RemoveContainer waits for it, so STOPPED always
+	// precedes DELETED.
+	s.emitContainerEvent(r.ID, r.PodID, runtime.ContainerEventType_CONTAINER_STOPPED_EVENT)
+	c.markExited()
+	s.log.Info("container exited", "container", r.ID, "exit_code", r.ExitCode, "reason", r.Reason)
 }
 
 // exitRecord fills in how the container ended from its monitor's wait: st and err
@@ -491,7 +505,7 @@ func (s *Service) stopContainer(ctx context.Context, c *container, timeout time.
 		if sig == 0 {
 			sig = syscall.SIGTERM
 		}
-		if err := s.ctrl.KillContainer(ctx, rec.PodID, rec.ID, sig, false); err != nil && !errdefs.IsNotFound(err) {
+		if err := s.ctrl.KillContainer(ctx, rec.PodID, rec.ID, sig, false); err != nil && !s.killGone(rec.PodID, err) {
 			return err
 		}
 		select {
@@ -502,7 +516,7 @@ func (s *Service) stopContainer(ctx context.Context, c *container, timeout time.
 			return ctx.Err()
 		}
 	}
-	if err := s.ctrl.KillContainer(ctx, rec.PodID, rec.ID, syscall.SIGKILL, true); err != nil && !errdefs.IsNotFound(err) {
+	if err := s.ctrl.KillContainer(ctx, rec.PodID, rec.ID, syscall.SIGKILL, true); err != nil && !s.killGone(rec.PodID, err) {
 		return err
 	}
 	select {
@@ -513,6 +527,17 @@ func (s *Service) stopContainer(ctx context.Context, c *container, timeout time.
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// killGone reports whether a kill failed only because there is nothing left to kill:
+// the shim does not know the container, or the pod's shim died (its exit is recorded
+// once the controller has killed the pod, which the caller then waits for).
+func (s *Service) killGone(podID string, err error) bool {
+	if errdefs.IsNotFound(err) {
+		return true
+	}
+	st, serr := s.ctrl.Status(podID)
+	return serr == nil && !st.ShimAlive
 }
 
 // RemoveContainer kills the container if it runs and removes it with its writable

@@ -124,6 +124,13 @@ func (s *Service) settleContainers(ctx context.Context, live map[string]bool) {
 			removing = append(removing, c)
 		case rec.State == stateCreated && shimUp:
 			s.settleCreated(ctx, c)
+		case rec.State == stateRunning && !shimUp:
+			// Its pod's shim died: the controller has killed the pod already; record
+			// that before anything is served.
+			if ctx, cancel, rec, ok := s.claimMonitor(c); ok {
+				s.awaitExit(ctx, c, rec)
+				cancel()
+			}
 		case rec.State == stateRunning:
 			// The shim kept the container (and any exit) while criserver was away.
 			s.monitor(c)
