@@ -2,11 +2,13 @@ package task
 
 import (
 	"bytes"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/opencontainers/runc/libcontainer"
 	"golang.org/x/sys/unix"
 )
 
@@ -133,5 +135,118 @@ func TestSinkWatch(t *testing.T) {
 	}
 	if _, err := openSink(filepath.Join(t.TempDir(), "none")); err == nil {
 		t.Error("openSink of a missing FIFO succeeded")
+	}
+}
+
+// readFIFOUntil reads r until it holds want or timeout passes, and returns what it read.
+func readFIFOUntil(t *testing.T, r *os.File, want string, timeout time.Duration) string {
+	t.Helper()
+	var got []byte
+	buf := make([]byte, 4096)
+	deadline := time.Now().Add(timeout)
+	for !bytes.Contains(got, []byte(want)) && time.Now().Before(deadline) {
+		n := drainFIFO(r, buf)
+		got = append(got, buf[:n]...)
+		if n == 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	return string(got)
+}
+
+// processEnd returns a copy of the process's end of a stream, which the test writes
+// as the process would: stdio.started closes the shim's own copy.
+func processEnd(t *testing.T, w any) *os.File {
+	t.Helper()
+	f, ok := w.(*os.File)
+	if !ok || f == nil {
+		t.Fatalf("the process's stream is %T %v, want a pipe", w, w)
+	}
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return os.NewFile(uintptr(fd), "process-end")
+}
+
+// TestAttachWithoutLog: a container's init without a log file or FIFOs gets output
+// pipes the shim drains (a process writing much more than a pipe holds never blocks
+// while nobody is attached), and an attach session gets what it writes from then on.
+func TestAttachWithoutLog(t *testing.T) {
+	lp := &libcontainer.Process{}
+	sio, err := openStdio(ioConfig{attachable: true}, lp, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sio.close()
+	out, errw := processEnd(t, lp.Stdout), processEnd(t, lp.Stderr)
+	defer out.Close()
+	defer errw.Close()
+	if err := sio.started(); err != nil {
+		t.Fatal(err)
+	}
+
+	// 4 MiB, 64 times a pipe's default buffer, with nobody attached.
+	written := make(chan error, 1)
+	go func() {
+		_, err := out.Write(bytes.Repeat([]byte("x"), 4<<20))
+		written <- err
+	}()
+	select {
+	case err := <-written:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the process blocked writing its stdout while nobody was attached")
+	}
+
+	outPath, outR := testFIFO(t)
+	errPath, errR := testFIFO(t)
+	if err := sio.attach("", outPath, errPath); err != nil {
+		t.Fatalf("attach: %v", err)
+	}
+	if _, err := out.Write([]byte("hi\n")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := errw.Write([]byte("oops\n")); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFIFOUntil(t, outR, "hi\n", 5*time.Second); got != "hi\n" {
+		t.Errorf("attached stdout got %q, want only what was written after the attach", got)
+	}
+	if got := readFIFOUntil(t, errR, "oops\n", 5*time.Second); got != "oops\n" {
+		t.Errorf("attached stderr got %q", got)
+	}
+
+	// The process is gone: its streams end, and with them the session's.
+	out.Close()
+	errw.Close()
+	if !sio.drain(5 * time.Second) {
+		t.Fatal("the output copies did not end at the process's EOF")
+	}
+	if n := sinkCount(sio.fans[streamStdout]) + sinkCount(sio.fans[streamStderr]); n != 0 {
+		t.Errorf("%d attach sinks left after the streams ended", n)
+	}
+}
+
+// TestExecOutputNotPiped: a process that is not attachable (an exec) and has no FIFO
+// for a stream keeps /dev/null for it: no pipe whose drain its exit would wait for.
+func TestExecOutputNotPiped(t *testing.T) {
+	lp := &libcontainer.Process{}
+	sio, err := openStdio(ioConfig{}, lp, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sio.close()
+	if lp.Stdout != nil || lp.Stderr != nil {
+		t.Errorf("exec without FIFOs got stdout %v, stderr %v", lp.Stdout, lp.Stderr)
+	}
+	if err := sio.started(); err != nil {
+		t.Fatal(err)
+	}
+	outPath, _ := testFIFO(t)
+	if err := sio.attach("", outPath, ""); err != errAttachNoOutput {
+		t.Errorf("attach to output the shim does not copy: %v, want errAttachNoOutput", err)
 	}
 }

@@ -308,6 +308,8 @@ func (s *Service) Create(ctx context.Context, req *taskv3.CreateTaskRequest) (_ 
 		log:      c.logw,
 		// The controller sends a marker, not a FIFO, for a container with stdin.
 		stdinMarker: true,
+		// Its output goes through the shim even without a log: attach joins it.
+		attachable: true,
 	}
 	if images := req.GetCheckpoint(); images != "" {
 		// Restored by Start, as containerd's runc shim does.

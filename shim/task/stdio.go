@@ -27,6 +27,11 @@ type ioConfig struct {
 	// log, when set, receives stdout and stderr (the terminal as stdout) in the CRI log
 	// format instead of the stdout and stderr FIFOs.
 	log *crilog.Writer
+	// attachable, for a container's init, gives a stream with neither a log nor a FIFO
+	// a pipe the shim drains and discards, as containerd's CRI does, instead of
+	// /dev/null: attach sessions can then join it. Exec processes have no attach, so
+	// theirs stay /dev/null and their exit never waits on such a pipe.
+	attachable bool
 }
 
 // stdio is the shim's side of a process's standard streams.
@@ -180,20 +185,20 @@ func openStdio(cfg ioConfig, lp *libcontainer.Process, log *slog.Logger) (_ *std
 	} {
 		switch {
 		case cfg.log != nil:
-			r, w, err := os.Pipe()
+			r, err := s.outputPipe(o.name, o.set)
 			if err != nil {
-				return nil, fmt.Errorf("%s pipe: %w", o.name, err)
+				return nil, err
 			}
-			s.childFiles = append(s.childFiles, w)
-			s.owned = append(s.owned, r)
-			o.set(w)
 			sink, st := newLogSink(cfg.log, o.name, log)
-			fan := newFanout(sink)
-			s.fans[o.name] = fan
-			s.outputs = append(s.outputs, output{src: r, dst: fan, done: func() {
-				fan.close()
-				_ = st.Close()
-			}})
+			s.fanOutput(o.name, r, sink, func() { _ = st.Close() })
+		case o.path == "" && cfg.attachable:
+			// Nobody reads this output unless an attach session joins, but an unread
+			// pipe fills up and blocks the process, so it is drained.
+			r, err := s.outputPipe(o.name, o.set)
+			if err != nil {
+				return nil, err
+			}
+			s.fanOutput(o.name, r, io.Discard, nil)
 		case o.path != "":
 			// The FIFO itself becomes the process's stdout: no copy, no goroutine,
 			// no buffer in the shim. O_RDWR never blocks and keeps a reader, so an
@@ -216,6 +221,32 @@ func openStdio(cfg ioConfig, lp *libcontainer.Process, log *slog.Logger) (_ *std
 		}
 	}
 	return s, nil
+}
+
+// outputPipe gives the process a pipe as its stream name (set installs the write end)
+// and returns the read end, which s owns.
+func (s *stdio) outputPipe(name string, set func(*os.File)) (*os.File, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("%s pipe: %w", name, err)
+	}
+	s.childFiles = append(s.childFiles, w)
+	s.owned = append(s.owned, r)
+	set(w)
+	return r, nil
+}
+
+// fanOutput has the stream name copied from src to dst through a fanout that attach
+// sessions join; done, if set, runs after the fanout closed, when the copy ends.
+func (s *stdio) fanOutput(name string, src *os.File, dst io.Writer, done func()) {
+	fan := newFanout(dst)
+	s.fans[name] = fan
+	s.outputs = append(s.outputs, output{src: src, dst: fan, done: func() {
+		fan.close()
+		if done != nil {
+			done()
+		}
+	}})
 }
 
 // started finishes the setup once the process runs: the shim's copies of the process's
