@@ -46,15 +46,20 @@ func invalid(format string, args ...any) error {
 // ValidID reports whether id can name a sandbox: it becomes part of cgroup and unit names.
 func ValidID(id string) bool { return validSandboxID(id) }
 
-// unpackOptions decodes the options Any; absent options mean all-default (every
-// namespace per pod, cgroupfs under /crisp).
+// unpackOptions decodes the options Any into SandboxOptions, the one form buildSpec
+// validates: crisp's controller sends SandboxOptions, containerd ≥ 2.0's shim
+// sandboxer the CRI PodSandboxConfig (see optionsFromPodConfig). Absent options mean
+// all-default (every namespace per pod, cgroupfs under /crisp).
 func unpackOptions(a *anypb.Any) (*optionsv1.SandboxOptions, error) {
 	opts := &optionsv1.SandboxOptions{}
 	if a == nil {
 		return opts, nil
 	}
+	if isPodSandboxConfig(a.GetTypeUrl()) {
+		return optionsFromPodConfig(a.GetValue())
+	}
 	if !a.MessageIs(opts) {
-		return nil, invalid("options must be %s, got %q", opts.ProtoReflect().Descriptor().FullName(), a.GetTypeUrl())
+		return nil, invalid("options must be %s or %s, got %q", opts.ProtoReflect().Descriptor().FullName(), podSandboxConfigName, a.GetTypeUrl())
 	}
 	if err := a.UnmarshalTo(opts); err != nil {
 		return nil, invalid("decode options: %v", err)
