@@ -5,7 +5,16 @@ GO        ?= go
 PREFIX    ?= /usr/local
 BINDIR    ?= bin
 TAGS      ?= seccomp grpcnotrace
-VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# VERSION is a semantic version, as the CRI's runtime_version must be: the release in
+# version/VERSION on its tag v<release> in a clean tree (0.1.0), else
+# <release>-dev+<commit> with .dirty for uncommitted changes (0.1.0-dev+4a6c72a1b2c3.dirty),
+# and <release>-dev outside git. A VERSION= given to make must be semver too.
+VERSION   ?= $(shell r=$$(cat version/VERSION); \
+	if ! c=$$(git rev-parse --short=12 HEAD 2>/dev/null); then echo "$$r-dev"; exit 0; fi; \
+	d=$$(git --no-optional-locks status --porcelain --untracked-files=no 2>/dev/null | head -c1); \
+	d=$${d:+.dirty}; \
+	if [ -z "$$d" ] && [ "$$(git rev-parse -q --verify "refs/tags/v$$r^{commit}")" = "$$(git rev-parse HEAD)" ]; \
+	then echo "$$r"; else echo "$$r-dev+$$c$$d"; fi)
 LDFLAGS   := -s -w -X github.com/crisp-runtime/crisp/version.Version=$(VERSION)
 GOBUILD   := CGO_ENABLED=1 $(GO) build -trimpath -tags '$(TAGS)' -ldflags '$(LDFLAGS)'
 # The shim is linked statically: every pod runs one shim and one pause process (the shim
@@ -15,7 +24,7 @@ SHIMBUILD := CGO_ENABLED=1 $(GO) build -trimpath -tags '$(TAGS) osusergo netgo' 
 	-ldflags '$(LDFLAGS) -linkmode external -extldflags -static'
 DEPS      := busybox-static containernetworking-plugins libseccomp-dev libc6-dev iproute2 iptables gcc make
 
-.PHONY: all build criserver shim install run test unit e2e deps criu lint clean bench chaos
+.PHONY: all build criserver shim install run test unit e2e deps criu lint clean bench chaos containerd
 
 all: build
 
@@ -45,12 +54,18 @@ deps:
 criu:
 	hack/criu.sh
 
+# containerd builds containerd 2.4.2 and its runc shim from the Go module proxy into
+# /var/cache/crisp/containerd-v2.4.2 (CONTAINERD_CACHE) for e2e/containerd_test.go; a
+# no-op when the cached binaries are there.
+containerd:
+	hack/containerd.sh
+
 # run starts criserver with its defaults (socket /run/crisp/crisp.sock).
 run: deps build
 	PATH="$(CURDIR)/$(BINDIR):$$PATH" $(BINDIR)/criserver
 
 # test runs the unit tests and the end-to-end tests (the latter need root).
-test: deps criu
+test: deps criu containerd
 	CGO_ENABLED=1 $(GO) vet -tags '$(TAGS)' ./...
 	CGO_ENABLED=1 $(GO) test -tags '$(TAGS)' -count=1 -p 1 -timeout 20m ./...
 
@@ -76,6 +91,11 @@ bench: build
 	CGO_ENABLED=1 $(GO) test -c -tags '$(TAGS) bench' -o $(BINDIR)/crisp-bench ./bench
 	cd bench && ../$(BINDIR)/crisp-bench -test.run '^TestBench$$' -test.v -test.timeout 20m \
 		-bin $(CURDIR)/$(BINDIR) -results $(CURDIR)/bench/results $(BENCHFLAGS)
+
+# print-version prints the version the binaries get (see VERSION above).
+.PHONY: print-version
+print-version:
+	@echo '$(VERSION)'
 
 lint:
 	gofmt -l . | (! grep .)
