@@ -78,7 +78,7 @@ func TestUnpackPodSandboxConfig(t *testing.T) {
 		},
 	}, {
 		name: "hostname defaults to the pod name",
-		cfg: &runtime.PodSandboxConfig{Metadata: &runtime.PodSandboxMetadata{Name: strings.Repeat("n", 70)}},
+		cfg:  &runtime.PodSandboxConfig{Metadata: &runtime.PodSandboxMetadata{Name: strings.Repeat("n", 70)}},
 		want: &optionsv1.SandboxOptions{Hostname: strings.Repeat("n", 64), Sysctls: map[string]string{}, OomScoreAdj: -998},
 	}, {
 		name: "user namespace",
