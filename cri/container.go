@@ -481,15 +481,20 @@ func (c *container) exitRecord(st controller.ContainerState, err error, oom bool
 }
 
 // StopContainer sends the stop signal, then SIGKILL after the timeout (0: at once).
-// Stopping a container that is not running succeeds.
+// Stopping a container that is not running, or one crisp does not know, succeeds.
 func (s *Service) StopContainer(ctx context.Context, req *runtime.StopContainerRequest) (*runtime.StopContainerResponse, error) {
 	c, err := s.resolveContainer(req.GetContainerId())
+	if errdefs.IsNotFound(err) {
+		// Stopped and removed already, or never there: kubelet retries stops, and
+		// containerd 2.x answers them OK too. Empty or ambiguous ids stay errors.
+		return &runtime.StopContainerResponse{}, nil
+	}
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	c.op.Lock()
 	defer c.op.Unlock()
-	if err := s.stopContainer(ctx, c, time.Duration(req.GetTimeout())*time.Second); err != nil {
+	if err := s.stopContainer(ctx, c, criTimeout(req.GetTimeout())); err != nil {
 		return nil, toStatus(err)
 	}
 	return &runtime.StopContainerResponse{}, nil

@@ -58,9 +58,9 @@ func (s *Service) ExecSync(ctx context.Context, req *runtime.ExecSyncRequest) (*
 	}
 	defer streams.close()
 
-	if req.GetTimeout() > 0 {
+	if timeout := criTimeout(req.GetTimeout()); timeout > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, time.Duration(req.GetTimeout())*time.Second)
+		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
 	if err := s.ctrl.Exec(ctx, controller.ExecSpec{

@@ -1,18 +1,41 @@
 package cri
 
 import (
-	"github.com/crisp-runtime/crisp/cri/spec"
+	"math"
 	"net"
 	"path"
 	"strings"
+	"time"
 
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/crisp-runtime/crisp/config"
+	"github.com/crisp-runtime/crisp/cri/spec"
 )
 
 // maxHostname is the kernel's limit on a UTS hostname.
 const maxHostname = 64
+
+// maxTimeoutSeconds is the longest timeout, in seconds, a time.Duration holds (about
+// 292 years).
+const maxTimeoutSeconds = int64(math.MaxInt64 / time.Second)
+
+// criTimeout converts a CRI timeout in seconds (ExecSync, StopContainer,
+// CheckpointContainer) to a time.Duration. A plain time.Duration(s)*time.Second
+// overflows past maxTimeoutSeconds: math.MaxInt64 wraps to -1s, an instant timeout
+// where the caller meant "effectively none". Longer timeouts become the longest
+// Duration instead. Zero and negative timeouts are 0, the CRI's default, which each
+// caller gives its meaning (no limit for ExecSync, an immediate SIGKILL for
+// StopContainer), as containerd treats negative ones.
+func criTimeout(seconds int64) time.Duration {
+	switch {
+	case seconds <= 0:
+		return 0
+	case seconds > maxTimeoutSeconds:
+		return math.MaxInt64
+	}
+	return time.Duration(seconds) * time.Second
+}
 
 // validatePodConfig checks what kubelet can get wrong before anything is created.
 func validatePodConfig(cfg *runtime.PodSandboxConfig, cgroupDriver string) error {
@@ -73,6 +96,11 @@ func validatePodConfig(cfg *runtime.PodSandboxConfig, cgroupDriver string) error
 	case runtime.NamespaceMode_POD, runtime.NamespaceMode_CONTAINER, runtime.NamespaceMode_NODE:
 	default:
 		return invalid("namespace_options.pid must be POD, CONTAINER or NODE for a pod, got %s", nsOpts.GetPid())
+	}
+	// As containerd does for the sandbox: a group alone would pair with whatever user
+	// the pause image names.
+	if sc := linux.GetSecurityContext(); sc.GetRunAsGroup() != nil && sc.GetRunAsUser() == nil {
+		return invalid("pod security_context.run_as_group %d is set without run_as_user: set the user too (runAsUser in the pod's securityContext)", sc.GetRunAsGroup().GetValue())
 	}
 	userNS, err := spec.PodUserNS(nsOpts)
 	if err != nil {

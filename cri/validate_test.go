@@ -1,10 +1,15 @@
 package cri
 
 import (
+	"context"
+	"math"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/crisp-runtime/crisp/config"
@@ -46,6 +51,14 @@ func TestValidatePodConfig(t *testing.T) {
 			c.Linux.SecurityContext = &runtime.LinuxSandboxSecurityContext{NamespaceOptions: &runtime.NamespaceOption{Network: runtime.NamespaceMode_TARGET}}
 			return c
 		}, wantErr: "namespace_options.network"},
+		{name: "run_as_group without run_as_user", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
+			c.Linux.SecurityContext = &runtime.LinuxSandboxSecurityContext{RunAsGroup: &runtime.Int64Value{Value: 3000}}
+			return c
+		}, wantErr: "run_as_group 3000 is set without run_as_user"},
+		{name: "run_as_group with run_as_user", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
+			c.Linux.SecurityContext = &runtime.LinuxSandboxSecurityContext{RunAsUser: &runtime.Int64Value{Value: 0}, RunAsGroup: &runtime.Int64Value{Value: 3000}}
+			return c
+		}},
 		{name: "node sysctl", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
 			c.Linux.Sysctls = map[string]string{"vm.overcommit_memory": "1"}
 			return c
@@ -105,5 +118,48 @@ func TestResolvConf(t *testing.T) {
 	want := "search a.local\nnameserver 1.1.1.1\nnameserver 8.8.8.8\noptions ndots:5 edns0\n"
 	if string(got) != want {
 		t.Fatalf("got %q want %q", got, want)
+	}
+}
+
+func TestCRITimeout(t *testing.T) {
+	for _, tc := range []struct {
+		seconds int64
+		want    time.Duration
+	}{
+		{0, 0},
+		{-1, 0},
+		{math.MinInt64, 0},
+		{1, time.Second},
+		{3600, time.Hour},
+		{maxTimeoutSeconds, time.Duration(maxTimeoutSeconds) * time.Second},
+		// Past here time.Duration(s)*time.Second wraps around (MaxInt64 to -1s).
+		{maxTimeoutSeconds + 1, math.MaxInt64},
+		{math.MaxInt64, math.MaxInt64},
+	} {
+		if got := criTimeout(tc.seconds); got != tc.want {
+			t.Errorf("criTimeout(%d) = %v, want %v", tc.seconds, got, tc.want)
+		}
+	}
+}
+
+// TestStopContainerUnknownID: stopping a container crisp does not know succeeds (kubelet
+// retries stops), an id that names none or several containers does not.
+func TestStopContainerUnknownID(t *testing.T) {
+	s := &Service{containers: map[string]*container{"abc1": {}, "abc2": {}}}
+	for _, tc := range []struct {
+		name, id string
+		want     codes.Code
+		wantMsg  string
+	}{
+		{name: "unknown id", id: "ffff", want: codes.OK},
+		{name: "empty id", id: "", want: codes.InvalidArgument, wantMsg: "container id is required"},
+		{name: "ambiguous prefix", id: "abc", want: codes.InvalidArgument, wantMsg: "ambiguous"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := s.StopContainer(context.Background(), &runtime.StopContainerRequest{ContainerId: tc.id, Timeout: 10})
+			if got := status.Code(err); got != tc.want || !strings.Contains(status.Convert(err).Message(), tc.wantMsg) {
+				t.Fatalf("StopContainer(%q) = %v (%v), want %v containing %q", tc.id, got, err, tc.want, tc.wantMsg)
+			}
+		})
 	}
 }

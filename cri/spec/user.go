@@ -125,11 +125,14 @@ type userRequest struct {
 
 // requestedUser picks the user the way kubelet expects and containerd does:
 // run_as_username, else run_as_user, else the image's USER, else root. run_as_group
-// sets the group. With a CRI user, the image's group is ignored (containerd);
-// run_as_group together with the image's USER keeps that user and replaces its group
-// (CRI-O; containerd refuses the combination, which the Kubernetes API allows).
+// sets the group. With a CRI user, the image's group is ignored (containerd).
+// run_as_group needs run_as_user or run_as_username: containerd and CRI-O refuse it
+// alone (the group would otherwise silently pair with whatever user the image names).
 func requestedUser(sc *runtime.LinuxContainerSecurityContext, imageUser string) (userRequest, error) {
 	var r userRequest
+	if g := sc.GetRunAsGroup(); g != nil && sc.GetRunAsUser() == nil && sc.GetRunAsUsername() == "" {
+		return r, invalidf("run_as_group %d is set without run_as_user or run_as_username: set the user too (runAsUser in the pod or container securityContext)", g.GetValue())
+	}
 	switch {
 	case sc.GetRunAsUsername() != "":
 		if strings.Contains(sc.GetRunAsUsername(), ":") {
