@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/crisp-runtime/crisp/shim/crilog"
 	"golang.org/x/sys/unix"
@@ -164,10 +165,34 @@ func (s *sink) close() {
 type attachIn struct {
 	src  *os.File
 	once sync.Once
+	// done is closed by stdio.dropAttachIn once the copy is over (or never started).
+	done chan struct{}
+}
+
+func newAttachIn(src *os.File) *attachIn {
+	return &attachIn{src: src, done: make(chan struct{})}
 }
 
 func (a *attachIn) close() {
 	a.once.Do(func() { _ = a.src.Close() })
+}
+
+// hungUp reports whether every writer of the FIFO is gone: the copy will end by itself
+// once it has copied what is left. A closed FIFO counts as hung up.
+func (a *attachIn) hungUp() bool {
+	rc, err := a.src.SyscallConn()
+	if err != nil {
+		return true
+	}
+	hup := true
+	if err := rc.Control(func(fd uintptr) {
+		pfd := []unix.PollFd{{Fd: int32(fd)}}
+		n, err := unix.Poll(pfd, 0)
+		hup = err == nil && n > 0 && pfd[0].Revents&(unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0
+	}); err != nil {
+		return true
+	}
+	return hup
 }
 
 // copyFIFOIn copies the FIFO src to dst until its writers are gone. A FIFO opened for
@@ -263,7 +288,7 @@ func (s *stdio) attach(stdinPath, stdoutPath, stderrPath string) (retErr error) 
 		if err != nil {
 			return fmt.Errorf("open stdin fifo: %w", err)
 		}
-		in = &attachIn{src: src}
+		in = newAttachIn(src)
 	}
 
 	s.attachMu.Lock()
@@ -308,11 +333,40 @@ func (s *stdio) attach(stdinPath, stdoutPath, stderrPath string) (retErr error) 
 	return nil
 }
 
+// dropAttachIn ends in; it runs once per session, when its copy is over or when the
+// attach failed before the copy started.
 func (s *stdio) dropAttachIn(in *attachIn) {
 	s.attachMu.Lock()
 	delete(s.attachIns, in)
 	s.attachMu.Unlock()
 	in.close()
+	close(in.done)
+}
+
+// finishEndedAttachIns waits up to timeout for the stdin copies of the sessions whose
+// clients are gone to copy what they left in their FIFOs. A client with stdin_once
+// closes its FIFO and then calls CloseIO at once: without the wait the process's stdin
+// could close before the client's last bytes reached it. Sessions still writing are
+// not waited for.
+func (s *stdio) finishEndedAttachIns(timeout time.Duration) {
+	s.attachMu.Lock()
+	var ended []*attachIn
+	for in := range s.attachIns {
+		if in.hungUp() {
+			ended = append(ended, in)
+		}
+	}
+	s.attachMu.Unlock()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	for _, in := range ended {
+		select {
+		case <-in.done:
+		case <-t.C:
+			s.log.Warn("attach stdin copy did not finish before the stdin was closed")
+			return
+		}
+	}
 }
 
 // detachAll ends the attach sessions' stdin copies and refuses new sessions; the output

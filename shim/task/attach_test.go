@@ -2,9 +2,11 @@ package task
 
 import (
 	"bytes"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -144,12 +146,18 @@ func readFIFOUntil(t *testing.T, r *os.File, want string, timeout time.Duration)
 	var got []byte
 	buf := make([]byte, 4096)
 	deadline := time.Now().Add(timeout)
+	rc, err := r.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
 	for !bytes.Contains(got, []byte(want)) && time.Now().Before(deadline) {
-		n := drainFIFO(r, buf)
-		got = append(got, buf[:n]...)
-		if n == 0 {
+		n := 0
+		_ = rc.Control(func(fd uintptr) { n, _ = unix.Read(int(fd), buf) })
+		if n <= 0 {
 			time.Sleep(10 * time.Millisecond)
+			continue
 		}
+		got = append(got, buf[:n]...)
 	}
 	return string(got)
 }
@@ -212,8 +220,10 @@ func TestAttachWithoutLog(t *testing.T) {
 	if _, err := errw.Write([]byte("oops\n")); err != nil {
 		t.Fatal(err)
 	}
-	if got := readFIFOUntil(t, outR, "hi\n", 5*time.Second); got != "hi\n" {
-		t.Errorf("attached stdout got %q, want only what was written after the attach", got)
+	// The tail of the 4 MiB may still be on its way through the shim: what the
+	// session gets must end with what was written after the attach.
+	if got := readFIFOUntil(t, outR, "hi\n", 5*time.Second); strings.Trim(got, "x") != "hi\n" {
+		t.Errorf("attached stdout got %q, want hi", got)
 	}
 	if got := readFIFOUntil(t, errR, "oops\n", 5*time.Second); got != "oops\n" {
 		t.Errorf("attached stderr got %q", got)
@@ -248,5 +258,55 @@ func TestExecOutputNotPiped(t *testing.T) {
 	outPath, _ := testFIFO(t)
 	if err := sio.attach("", outPath, ""); err != errAttachNoOutput {
 		t.Errorf("attach to output the shim does not copy: %v, want errAttachNoOutput", err)
+	}
+}
+
+// TestCloseStdinAfterAttachEOF: a stdin_once client closes its stdin FIFO and then calls
+// CloseIO at once; the process still reads everything the client wrote, then EOF.
+func TestCloseStdinAfterAttachEOF(t *testing.T) {
+	lp := &libcontainer.Process{}
+	cfg := ioConfig{stdin: "stdin", stdinMarker: true, attachable: true}
+	sio, err := openStdio(cfg, lp, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sio.close()
+	in := processEnd(t, lp.Stdin)
+	defer in.Close()
+	if err := sio.started(); err != nil {
+		t.Fatal(err)
+	}
+	read := make(chan int, 1)
+	go func() {
+		n, _ := io.Copy(io.Discard, in)
+		read <- int(n)
+	}()
+
+	path := filepath.Join(t.TempDir(), "stdin")
+	if err := unix.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// As criserver does: its writer is open before the shim attaches.
+	w, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sio.attach(path, "", ""); err != nil {
+		t.Fatalf("attach: %v", err)
+	}
+	// Four times what a FIFO holds: some is still in flight when CloseIO arrives.
+	const size = 256 << 10
+	if _, err := w.Write(bytes.Repeat([]byte("x"), size)); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	sio.closeStdin()
+	select {
+	case n := <-read:
+		if n != size {
+			t.Errorf("the process read %d bytes before EOF, the client wrote %d", n, size)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the process's stdin did not end after CloseIO")
 	}
 }

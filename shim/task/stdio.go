@@ -318,9 +318,14 @@ func (s *stdio) closeStdin() {
 		s.stdin.closeInput()
 	}
 	if s.inPipe != nil {
+		s.finishEndedAttachIns(attachStdinFinish)
 		_ = s.inPipe.Close()
 	}
 }
+
+// attachStdinFinish bounds how long CloseIO waits for ended attach sessions' stdin to
+// be copied into the process (which may not be reading it).
+const attachStdinFinish = 2 * time.Second
 
 // resize sets the terminal size.
 func (s *stdio) resize(width, height uint32) error {
