@@ -27,6 +27,11 @@ import (
 // background child that inherited the stdio must not hold the session open forever.
 const streamDrain = 2 * time.Second
 
+// attachQuiet is how long an attach session whose client closed stdin (without
+// stdin_once) waits for more output before it ends: long enough for a shell to answer
+// the last line it was sent, short enough that the client returns promptly.
+const attachQuiet = 500 * time.Millisecond
+
 // shimCallTimeout bounds the cleanup calls made after the client's context ended.
 const shimCallTimeout = 10 * time.Second
 
@@ -281,14 +286,23 @@ func (r *streamRuntime) Attach(ctx context.Context, containerID string, in io.Re
 		sio.waitOutput(streamDrain)
 	case <-sio.outputDone():
 	case <-stdinDone:
-		if sio.stdout != nil || sio.stderr != nil {
-			// Stdin closed: keep streaming output until the container or client ends it.
+		switch {
+		case sio.stdout == nil && sio.stderr == nil:
+		case c.config.GetStdinOnce():
+			// The container's stdin is closed too: keep streaming its output until it
+			// exits or the client leaves.
 			select {
 			case <-ctx.Done():
 			case <-c.exited:
 				sio.waitOutput(streamDrain)
 			case <-sio.outputDone():
 			}
+		default:
+			// The client is done and the container's stdin stays open: the session
+			// ends, as containerd's does (`echo cmd | kubectl attach -i` returns).
+			// containerd drops the output at once; the answer to what was just sent
+			// is still on its way, so it gets a moment first.
+			sio.waitQuiet(ctx.Done(), c.exited, attachQuiet, streamDrain)
 		}
 	}
 	return nil
@@ -406,7 +420,25 @@ type streamFIFOs struct {
 	keep                  []*os.File
 	outWG                 sync.WaitGroup
 	outDone               chan struct{}
-	closeOnce             sync.Once
+	// wrote gets a token (without blocking) whenever output was copied to the client;
+	// never closed.
+	wrote     chan struct{}
+	closeOnce sync.Once
+}
+
+// notifyWriter signals wrote after each write to w.
+type notifyWriter struct {
+	w     io.Writer
+	wrote chan<- struct{}
+}
+
+func (n notifyWriter) Write(p []byte) (int, error) {
+	nw, err := n.w.Write(p)
+	select {
+	case n.wrote <- struct{}{}:
+	default: // a token is pending already
+	}
+	return nw, err
 }
 
 // openStreamFIFOs makes a session directory <parent>/<id> and opens the FIFOs of the
@@ -421,7 +453,7 @@ func openStreamFIFOs(parent string, in io.Reader, out, errw io.Writer, tty bool)
 	if tty {
 		errw = nil
 	}
-	sf := &streamFIFOs{id: id, dir: dir, outDone: make(chan struct{})}
+	sf := &streamFIFOs{id: id, dir: dir, outDone: make(chan struct{}), wrote: make(chan struct{}, 1)}
 	defer func() {
 		if retErr != nil {
 			sf.close()
@@ -471,7 +503,7 @@ func openStreamFIFOs(parent string, in io.Reader, out, errw io.Writer, tty bool)
 		sf.outWG.Add(1)
 		go func(dst io.Writer) {
 			defer sf.outWG.Done()
-			_, _ = io.Copy(dst, r)
+			_, _ = io.Copy(notifyWriter{w: dst, wrote: sf.wrote}, r)
 		}(o.dst)
 	}
 	go func() { sf.outWG.Wait(); close(sf.outDone) }()
@@ -519,6 +551,32 @@ func (sf *streamFIFOs) waitOutput(d time.Duration) {
 	select {
 	case <-sf.outDone:
 	case <-t.C:
+	}
+}
+
+// waitQuiet returns once no output has been copied for quiet, the output ended, longest
+// passed (output that never pauses), stop fired, or exited fired and the output drained.
+func (sf *streamFIFOs) waitQuiet(stop, exited <-chan struct{}, quiet, longest time.Duration) {
+	idle := time.NewTimer(quiet)
+	defer idle.Stop()
+	limit := time.NewTimer(longest)
+	defer limit.Stop()
+	for {
+		select {
+		case <-sf.wrote:
+			idle.Reset(quiet)
+		case <-exited:
+			sf.waitOutput(streamDrain)
+			return
+		case <-idle.C:
+			return
+		case <-limit.C:
+			return
+		case <-stop:
+			return
+		case <-sf.outDone:
+			return
+		}
 	}
 }
 
