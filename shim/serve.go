@@ -15,6 +15,7 @@ import (
 
 	"github.com/containerd/ttrpc"
 	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
+	"github.com/crisp-runtime/crisp/shim/events"
 	"github.com/crisp-runtime/crisp/shim/reaper"
 	"github.com/crisp-runtime/crisp/shim/sandbox"
 	"github.com/crisp-runtime/crisp/shim/task"
@@ -30,6 +31,10 @@ const shutdownTimeout = 5 * time.Second
 // signalShutdownTimeout bounds the cleanup SIGTERM triggers (stopping the pause process
 // and removing the cgroup).
 const signalShutdownTimeout = 30 * time.Second
+
+// eventsFlushTimeout bounds how long an exiting shim keeps trying to send the task
+// events still queued (the last /tasks/exit and /tasks/delete of the pod).
+const eventsFlushTimeout = 2 * time.Second
 
 // hangupGrace is how long the shim waits, after replying to ShutdownSandbox, for clients
 // to close their connections before it closes them.
@@ -82,11 +87,23 @@ func Serve(ctx context.Context, f Flags, log *slog.Logger) error {
 		BeforeShutdownReply: removeSocket,
 		AfterShutdownReply:  func() { exitOnce.Do(func() { close(exit) }) },
 	})
+	// Task events go to the caller's ttrpc Events service: containerd's TTRPC_ADDRESS
+	// (from BootstrapParams or its environment, see childEnv). crisp's controller
+	// gives none and learns of exits through Wait.
+	pub := events.Start(events.Config{Address: os.Getenv("TTRPC_ADDRESS"), Namespace: f.Namespace, Logger: log})
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), eventsFlushTimeout)
+		defer cancel()
+		if err := pub.Close(ctx); err != nil {
+			log.Warn("task events", "error", err)
+		}
+	}()
 	tasks, err := task.New(task.Config{
 		SandboxID: f.ID,
 		StateRoot: filepath.Join(bundle, TaskStateDir),
 		Logger:    log,
 		Reaper:    r,
+		Events:    pub,
 	})
 	if err != nil {
 		l.Close()

@@ -305,11 +305,11 @@ func childEnv(environ []string, sp startParams) []string {
 		set[criuFaultEnv] = criuNoBreakpoints
 	}
 	if sp.bootstrap {
-		// Where later event publishing finds containerd, as the legacy callers say it.
+		// Where the serving shim publishes task events (see Serve), as the legacy
+		// callers say it. A bootstrap caller without a ttrpc address (crisp's
+		// controller) gets none, whatever the environment it started the shim with.
 		set["NAMESPACE"] = sp.namespace
-		if sp.ttrpcAddress != "" {
-			set["TTRPC_ADDRESS"] = sp.ttrpcAddress
-		}
+		set["TTRPC_ADDRESS"] = sp.ttrpcAddress
 		if sp.address != "" {
 			set["GRPC_ADDRESS"] = sp.address
 		}
@@ -323,7 +323,9 @@ func childEnv(environ []string, sp startParams) []string {
 		env = append(env, kv)
 	}
 	for k, v := range set {
-		env = append(env, k+"="+v)
+		if v != "" {
+			env = append(env, k+"="+v)
+		}
 	}
 	return env
 }

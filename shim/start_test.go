@@ -133,6 +133,16 @@ func TestChildEnv(t *testing.T) {
 	if !slices.Equal(env, want) {
 		t.Fatalf("env = %v, want %v", env, want)
 	}
+	// crisp's controller bootstraps without a ttrpc address: no events go to an
+	// address the shim merely inherited.
+	env = childEnv([]string{"TTRPC_ADDRESS=/inherited"}, startParams{bootstrap: true, namespace: "crisp"})
+	if slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, "TTRPC_ADDRESS=") }) {
+		t.Fatalf("env = %v: TTRPC_ADDRESS without one in the bootstrap params", env)
+	}
+	// The legacy path passes the caller's environment on.
+	if env := childEnv([]string{"TTRPC_ADDRESS=/ctrd"}, startParams{}); !slices.Contains(env, "TTRPC_ADDRESS=/ctrd") {
+		t.Fatalf("legacy env = %v: TTRPC_ADDRESS lost", env)
+	}
 	// An operator's CRIU_FAULT is kept (CRIU_FAULT=0: hardware breakpoints).
 	env = childEnv([]string{"CRIU_FAULT=0"}, startParams{})
 	if !slices.Contains(env, "CRIU_FAULT=0") || slices.Contains(env, "CRIU_FAULT=130") {

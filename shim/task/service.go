@@ -20,6 +20,7 @@ import (
 	"github.com/crisp-runtime/crisp/api/shimapi"
 	"github.com/crisp-runtime/crisp/mount"
 	"github.com/crisp-runtime/crisp/shim/crilog"
+	"github.com/crisp-runtime/crisp/shim/events"
 	"github.com/crisp-runtime/crisp/version"
 	// Registers the device-rule backend that the cgroup v1 devices controller needs.
 	_ "github.com/opencontainers/cgroups/devices"
@@ -51,6 +52,8 @@ type Config struct {
 	StateRoot string
 	Logger    *slog.Logger
 	Reaper    Reaper
+	// Events receives containerd's task events; nil publishes none.
+	Events *events.Publisher
 }
 
 // Service implements containerd.task.v3.Task (and, registered by Register, task v2 and
@@ -60,6 +63,7 @@ type Service struct {
 	root      string
 	log       *slog.Logger
 	reaper    Reaper
+	events    *events.Publisher
 
 	mu         sync.Mutex
 	containers map[string]*container
@@ -96,6 +100,7 @@ func New(cfg Config) (*Service, error) {
 		root:       cfg.StateRoot,
 		log:        log,
 		reaper:     cfg.Reaper,
+		events:     cfg.Events,
 		containers: map[string]*container{},
 		reserved:   map[string]struct{}{},
 	}, nil
@@ -349,7 +354,10 @@ func (s *Service) Create(ctx context.Context, req *taskv3.CreateTaskRequest) (_ 
 	if startErr == nil {
 		c.oom = s.watchOOM(lc, log)
 	}
-	go c.waitInit()
+	go func() {
+		c.waitInit()
+		s.publishExit(c.id, c.id, p)
+	}()
 	defer func() {
 		if retErr != nil {
 			if err := c.stop(); err != nil {
@@ -375,7 +383,21 @@ func (s *Service) Create(ctx context.Context, req *taskv3.CreateTaskRequest) (_ 
 	s.mu.Unlock()
 	s.releaseMemory()
 	log.Info("container created", "pid", pid, "bundle", bundle, "log", opts.GetLogPath(), "terminal", req.GetTerminal())
+	ev := events.TaskCreate{ContainerID: id, Bundle: req.GetBundle(), Stdin: req.GetStdin(), Stdout: req.GetStdout(),
+		Stderr: req.GetStderr(), Terminal: req.GetTerminal(), Checkpoint: req.GetCheckpoint(), Pid: uint32(pid)}
+	for _, m := range req.GetRootfs() {
+		ev.Rootfs = append(ev.Rootfs, events.Mount{Type: m.GetType(), Source: m.GetSource(), Target: m.GetTarget(), Options: m.GetOptions()})
+	}
+	s.events.Publish(ev)
 	return &taskv3.CreateTaskResponse{Pid: uint32(pid)}, nil
+}
+
+// publishExit sends /tasks/exit for p once its waiter has recorded the exit; id is
+// the exec id, or the container id for the init (as containerd's shims say it).
+func (s *Service) publishExit(containerID, id string, p *process) {
+	_, pid, _ := p.started()
+	_, code, at := p.state()
+	s.events.Publish(events.TaskExit{ContainerID: containerID, ID: id, Pid: uint32(pid), ExitStatus: code, ExitedAt: at})
 }
 
 // watchOOM watches the container's memory cgroup; nil if it cannot.
@@ -393,7 +415,11 @@ func (s *Service) watchOOM(lc *libcontainer.Container, log *slog.Logger) *oomWat
 		log.Warn("watch OOM kills: no memory cgroup")
 		return nil
 	}
-	w, err := watchOOM(dir, log, func() { log.Warn("OOM killer killed a process of the container") })
+	id := lc.ID()
+	w, err := watchOOM(dir, log, func() {
+		log.Warn("OOM killer killed a process of the container")
+		s.events.Publish(events.TaskOOM{ContainerID: id})
+	})
 	if err != nil {
 		log.Warn("watch OOM kills", "error", err)
 		return nil
@@ -479,6 +505,7 @@ func (s *Service) Start(ctx context.Context, req *taskv3.StartRequest) (*taskv3.
 	p.setRunning()
 	_, pid, _ := p.started()
 	c.log.Info("container started", "pid", pid)
+	s.events.Publish(events.TaskStart{ContainerID: c.id, Pid: uint32(pid)})
 	return &taskv3.StartResponse{Pid: uint32(pid)}, nil
 }
 
@@ -529,10 +556,14 @@ func (s *Service) startExec(c *container, execID string) (_ *taskv3.StartRespons
 	if startErr != nil {
 		_ = p.signal(unix.SIGKILL)
 	}
-	go c.waitExec(p)
+	go func() {
+		c.waitExec(p)
+		s.publishExit(c.id, execID, p)
+	}()
 	if startErr != nil {
 		return nil, internal("exec %q: %v", execID, startErr)
 	}
+	s.events.Publish(events.TaskExecStarted{ContainerID: c.id, ExecID: execID, Pid: uint32(pid)})
 	return &taskv3.StartResponse{Pid: uint32(pid)}, nil
 }
 
@@ -557,6 +588,7 @@ func (s *Service) Delete(ctx context.Context, req *taskv3.DeleteRequest) (*taskv
 	}
 	_, pid, _ := c.init.started()
 	_, code, at := c.init.state()
+	s.events.Publish(events.TaskDelete{ContainerID: c.id, Pid: uint32(pid), ExitStatus: code, ExitedAt: at})
 	return &taskv3.DeleteResponse{Pid: uint32(pid), ExitStatus: code, ExitedAt: timestamppb.New(at)}, nil
 }
 
@@ -684,6 +716,7 @@ func (s *Service) Exec(ctx context.Context, req *taskv3.ExecProcessRequest) (*em
 		return nil, status.Errorf(codes.AlreadyExists, "exec %q of container %q already exists", execID, c.id)
 	}
 	c.execs[execID] = p
+	s.events.Publish(events.TaskExecAdded{ContainerID: c.id, ExecID: execID})
 	return &emptypb.Empty{}, nil
 }
 
