@@ -41,6 +41,8 @@ shim:
 install: build
 	install -D -m 0755 $(BINDIR)/criserver $(DESTDIR)$(PREFIX)/bin/criserver
 	install -D -m 0755 $(BINDIR)/shim-runc $(DESTDIR)$(PREFIX)/bin/shim-runc
+# containerd 2.x finds runtime_type io.containerd.crisp.v1 as this name on its PATH.
+	ln -sfn shim-runc $(DESTDIR)$(PREFIX)/bin/containerd-shim-crisp-v1
 
 # deps installs the Debian packages crisp needs at run time and for its tests.
 deps:
