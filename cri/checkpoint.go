@@ -72,7 +72,7 @@ func (s *Service) CheckpointContainer(ctx context.Context, req *runtime.Checkpoi
 	}
 	if t := req.GetTimeout(); t > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, time.Duration(t)*time.Second)
+		ctx, cancel = context.WithTimeout(ctx, criTimeout(t))
 		defer cancel()
 	} else if t < 0 {
 		return nil, invalid("timeout %d must not be negative", t)
