@@ -207,8 +207,8 @@ func (c Config) Validate() error {
 	default:
 		return fmt.Errorf("cgroup_driver must be %q or %q, got %q", CgroupDriverCgroupfs, CgroupDriverSystemd, c.CgroupDriver)
 	}
-	if c.ShimStartTimeoutSeconds <= 0 {
-		return fmt.Errorf("shim_start_timeout_seconds must be positive, got %d", c.ShimStartTimeoutSeconds)
+	if err := checkSeconds("shim_start_timeout_seconds", c.ShimStartTimeoutSeconds); err != nil {
+		return err
 	}
 	if c.EventBuffer <= 0 {
 		return fmt.Errorf("event_buffer must be positive, got %d", c.EventBuffer)
@@ -237,8 +237,8 @@ func (c Config) Validate() error {
 	if len(c.CNI.BinDirs) == 0 {
 		return errors.New("cni.bin_dirs is empty")
 	}
-	if c.CNI.TimeoutSeconds <= 0 {
-		return fmt.Errorf("cni.timeout_seconds must be positive, got %d", c.CNI.TimeoutSeconds)
+	if err := checkSeconds("cni.timeout_seconds", c.CNI.TimeoutSeconds); err != nil {
+		return err
 	}
 	if _, _, err := net.ParseCIDR(c.CNI.DefaultSubnet); err != nil {
 		return fmt.Errorf("cni.default_subnet: %w", err)
@@ -250,6 +250,19 @@ func (c Config) Validate() error {
 		return err
 	}
 	return c.Streaming.validate()
+}
+
+// maxSeconds bounds every duration setting: a week is longer than any of them
+// sensibly is, and far below what a time.Duration holds (seconds beyond ~292 years
+// would overflow into a negative duration).
+const maxSeconds = 7 * 24 * 3600
+
+// checkSeconds refuses a duration setting that is not positive or absurdly long.
+func checkSeconds(key string, v int) error {
+	if v <= 0 || v > maxSeconds {
+		return fmt.Errorf("%s must be positive and at most %d (a week), got %d", key, maxSeconds, v)
+	}
+	return nil
 }
 
 func (i ImageConfig) validate() error {
@@ -278,8 +291,8 @@ func (s StreamingConfig) validate() error {
 			return fmt.Errorf("%s must be an absolute path, got %q", key, p)
 		}
 	}
-	if s.IdleTimeoutSeconds <= 0 {
-		return fmt.Errorf("streaming.idle_timeout_seconds must be positive, got %d", s.IdleTimeoutSeconds)
+	if err := checkSeconds("streaming.idle_timeout_seconds", s.IdleTimeoutSeconds); err != nil {
+		return err
 	}
 	return nil
 }

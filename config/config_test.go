@@ -73,6 +73,8 @@ func TestLoad(t *testing.T) {
 			}
 		}},
 		{name: "cni timeout zero", file: "[cni]\ntimeout_seconds = 0\n", wantErr: "cni.timeout_seconds must be positive"},
+		{name: "cni timeout overflowing", file: "[cni]\ntimeout_seconds = 9223372036854775807\n", wantErr: "cni.timeout_seconds must be positive and at most"},
+		{name: "shim start timeout beyond a week", file: "shim_start_timeout_seconds = 604801\n", wantErr: "shim_start_timeout_seconds must be positive and at most 604800"},
 		{name: "mirrors", file: "[registry]\ninsecure = [\"reg:5000\"]\n[registry.mirrors]\n\"docker.io\" = [\"http://127.0.0.1:5001\"]\n", check: func(t *testing.T, c Config) {
 			if c.Registry.Mirrors["docker.io"][0] != "http://127.0.0.1:5001" || c.Registry.Insecure[0] != "reg:5000" || c.Registry.MaxConcurrentDownloads != 3 {
 				t.Errorf("registry = %+v", c.Registry)
