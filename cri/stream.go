@@ -288,9 +288,10 @@ func (r *streamRuntime) Attach(ctx context.Context, containerID string, in io.Re
 	case <-stdinDone:
 		switch {
 		case sio.stdout == nil && sio.stderr == nil:
-		case c.config.GetStdinOnce():
+		case c.config.GetStdinOnce() && !tty:
 			// The container's stdin is closed too: keep streaming its output until it
-			// exits or the client leaves.
+			// exits or the client leaves. (containerd ends a terminal's session, like
+			// the default case: its stdin ends only when the client detaches.)
 			select {
 			case <-ctx.Done():
 			case <-c.exited:
@@ -298,8 +299,9 @@ func (r *streamRuntime) Attach(ctx context.Context, containerID string, in io.Re
 			case <-sio.outputDone():
 			}
 		default:
-			// The client is done and the container's stdin stays open: the session
-			// ends, as containerd's does (`echo cmd | kubectl attach -i` returns).
+			// The client is done and the container's stdin stays open (or is a
+			// terminal): the session ends, as containerd's does (`echo cmd | kubectl
+			// attach -i` returns).
 			// containerd drops the output at once; the answer to what was just sent
 			// is still on its way, so it gets a moment first.
 			sio.waitQuiet(ctx.Done(), c.exited, attachQuiet, streamDrain)

@@ -32,21 +32,27 @@ type attachSession struct {
 	done        chan error
 }
 
-// attach starts an attach session with stdin, stdout and stderr on container id.
-func (e *env) attach(ctx context.Context, t *testing.T, id string, tr transport, stdin io.Reader) *attachSession {
+// attach starts an attach session with stdin, stdout and stderr (a terminal: stdin and
+// stdout) on container id; a nil stdin is a pipe the test writes to.
+func (e *env) attach(ctx context.Context, t *testing.T, id string, tr transport, tty bool, stdin io.Reader) *attachSession {
 	t.Helper()
-	resp, err := e.rt.Attach(ctx, &cri.AttachRequest{ContainerId: id, Stdin: true, Stdout: true, Stderr: true})
+	resp, err := e.rt.Attach(ctx, &cri.AttachRequest{ContainerId: id, Stdin: true, Stdout: true, Stderr: !tty, Tty: tty})
 	if err != nil {
 		t.Fatalf("Attach %s: %v", id, err)
 	}
 	s := &attachSession{out: newLineWaiter(), errOut: newLineWaiter(), done: make(chan error, 1)}
+	opts := remotecommand.StreamOptions{Stdout: s.out, Stderr: s.errOut, Tty: tty}
+	if tty {
+		opts.Stderr = nil
+	}
 	var pr *io.PipeReader
 	if stdin == nil {
 		pr, s.stdin = io.Pipe()
 		stdin = pr
 	}
+	opts.Stdin = stdin
 	go func() {
-		err := stream(ctx, t, resp.Url, tr, remotecommand.StreamOptions{Stdin: stdin, Stdout: s.out, Stderr: s.errOut})
+		err := stream(ctx, t, resp.Url, tr, opts)
 		if pr != nil {
 			// A write to a session that ended fails instead of blocking the test.
 			pr.CloseWithError(io.ErrClosedPipe)
@@ -99,7 +105,7 @@ func TestE2EAttach(t *testing.T) {
 			cfg := stdinCtr("sh-"+string(tr), img, true, "sh")
 			cfg.LogPath = ""
 			id := e.runCtr(ctx, nologID, nolog, cfg)
-			s := e.attach(ctx, t, id, tr, nil)
+			s := e.attach(ctx, t, id, tr, false, nil)
 			if _, err := s.stdin.Write([]byte("echo hi; echo oops >&2\n")); err != nil {
 				t.Fatalf("%s: write to the session: %v (%v)", tr, err, <-s.done)
 			}
@@ -121,7 +127,7 @@ func TestE2EAttach(t *testing.T) {
 			cfg := stdinCtr("cat-"+string(tr), img, true, "cat")
 			cfg.LogPath = ""
 			id := e.runCtr(ctx, nologID, nolog, cfg)
-			s := e.attach(ctx, t, id, tr, strings.NewReader("meow\n"))
+			s := e.attach(ctx, t, id, tr, false, strings.NewReader("meow\n"))
 			s.ended(t, 10*time.Second)
 			if st := e.waitExit(ctx, id, 10*time.Second); st.ExitCode != 0 {
 				t.Errorf("%s: cat exit code %d", tr, st.ExitCode)
@@ -138,7 +144,7 @@ func TestE2EAttach(t *testing.T) {
 		id := e.runCtr(ctx, loggedID, logged, stdinCtr("sh", img, false, "sh"))
 		for i, tr := range streams {
 			line := fmt.Sprintf("hi-%d", i)
-			s := e.attach(ctx, t, id, tr, strings.NewReader("echo "+line+"\n"))
+			s := e.attach(ctx, t, id, tr, false, strings.NewReader("echo "+line+"\n"))
 			took := s.ended(t, attachReturnWithin)
 			t.Logf("%s: attach returned %v after the session started", tr, took)
 			if got := s.out.String(); got != line+"\n" {
@@ -155,6 +161,20 @@ func TestE2EAttach(t *testing.T) {
 		}
 		if got := strings.Join(logLines(t, st.Status.LogPath), "|"); got != "stdout hi-0|stdout hi-1" {
 			t.Errorf("log %q", got)
+		}
+
+		// A terminal's session ends with the client's stdin too, as on containerd.
+		cfg := stdinCtr("tty", img, false, "sh")
+		cfg.Tty = true
+		ttyID := e.runCtr(ctx, loggedID, logged, cfg)
+		s := e.attach(ctx, t, ttyID, spdyTransport, true, strings.NewReader("echo $((40+2))-tty\n"))
+		s.ended(t, attachReturnWithin)
+		// The answer, not the terminal's echo of the command.
+		if got := s.out.String(); !strings.Contains(got, "42-tty") {
+			t.Errorf("tty: output %q lacks 42-tty", got)
+		}
+		if st := e.ctrState(ctx, t, ttyID); st != cri.ContainerState_CONTAINER_RUNNING {
+			t.Errorf("tty shell %v after the session, want running", st)
 		}
 	})
 
