@@ -41,6 +41,8 @@ func toStatus(err error) error {
 		code = codes.DataLoss
 	case errdefs.IsResourceExhausted(err):
 		code = codes.ResourceExhausted
+	case errdefs.IsOutOfRange(err):
+		code = codes.OutOfRange
 	case errors.Is(err, context.DeadlineExceeded), errdefs.IsDeadlineExceeded(err):
 		code = codes.DeadlineExceeded
 	case errors.Is(err, context.Canceled), errdefs.IsCanceled(err):

@@ -32,7 +32,20 @@ func TestE2EImages(t *testing.T) {
 	if status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("pull without credentials: %v", err)
 	}
+	// Wrong credentials: Unauthenticated as well, saying so, and never echoing them.
+	_, err = e.img.PullImage(ctx, &cri.PullImageRequest{Image: &cri.ImageSpec{Image: host + "/tools/busybox:1.36"},
+		Auth: &cri.AuthConfig{Username: "kube", Password: "not-the-pw", ServerAddress: host}})
+	if status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "rejected the credentials") || strings.Contains(err.Error(), "not-the-pw") {
+		t.Fatalf("pull with wrong credentials: %v, want Unauthenticated saying the credentials were rejected", err)
+	}
 	auth := &cri.AuthConfig{Username: "kube", Password: "pw", ServerAddress: host}
+	// A layer the unpack refuses is the image's fault: InvalidArgument naming the layer.
+	evil := imagetest.NewImage(t, imagetest.ImageOptions{}, imagetest.NewLayer(t, imagetest.OCI, imagetest.Gzip, imagetest.Hardlink("pw", "missing")))
+	imagetest.Push(t, host, "tools/evil:v1", evil, pushAuth("kube", "pw"))
+	_, err = e.img.PullImage(ctx, &cri.PullImageRequest{Image: &cri.ImageSpec{Image: host + "/tools/evil:v1"}, Auth: auth})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), imagetest.LayerDigests(t, evil)[0].String()) {
+		t.Fatalf("pull of an image with a bad layer: %v, want InvalidArgument naming the layer", err)
+	}
 	for _, ref := range []string{host + "/tools/busybox:1.36", host + "/tools/busybox:latest", host + "/tools/other:v1"} {
 		resp, err := e.img.PullImage(ctx, &cri.PullImageRequest{Image: &cri.ImageSpec{Image: ref}, Auth: auth})
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/containerd/errdefs"
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
 )
@@ -18,8 +19,14 @@ var (
 // decompress returns the uncompressed stream of a layer blob. The format is taken from
 // the data's magic bytes rather than the media type, because registries and build tools
 // mislabel layers often enough that trusting the label breaks real images.
+//
+// Errors of the decompressor (corrupt or truncated gzip or zstd data) wrap
+// errdefs.ErrInvalidArgument: the blob was verified against its digest when it was
+// stored, so the bad data is what the image holds and a retry cannot help. An error
+// reading r itself (the disk) is returned as it is.
 func decompress(r io.Reader) (io.ReadCloser, error) {
-	br := bufio.NewReaderSize(r, 64<<10)
+	src := &blobReader{r: r}
+	br := bufio.NewReaderSize(src, 64<<10)
 	head, err := br.Peek(4)
 	if err != nil && err != io.EOF {
 		return nil, fmt.Errorf("read layer header: %w", err)
@@ -28,16 +35,55 @@ func decompress(r io.Reader) (io.ReadCloser, error) {
 	case bytes.HasPrefix(head, gzipMagic):
 		zr, err := gzip.NewReader(br)
 		if err != nil {
-			return nil, fmt.Errorf("open gzip layer: %w", err)
+			return nil, src.corrupt("gzip", err)
 		}
-		return zr, nil
+		return &decoded{rc: zr, src: src, format: "gzip"}, nil
 	case bytes.HasPrefix(head, zstdMagic):
 		zr, err := zstd.NewReader(br, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true))
 		if err != nil {
 			return nil, fmt.Errorf("open zstd layer: %w", err)
 		}
-		return zr.IOReadCloser(), nil
+		return &decoded{rc: zr.IOReadCloser(), src: src, format: "zstd"}, nil
 	default:
 		return io.NopCloser(br), nil
 	}
 }
+
+// blobReader remembers whether reading the blob failed, to tell that failure from the
+// decompressor's own.
+type blobReader struct {
+	r   io.Reader
+	err error
+}
+
+func (b *blobReader) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if err != nil && err != io.EOF && b.err == nil {
+		b.err = err
+	}
+	return n, err
+}
+
+// corrupt returns err of the format's decoder: as it is when reading the blob failed,
+// else as corrupt data (InvalidArgument). A blob that ends too early makes the
+// decoders return io.ErrUnexpectedEOF, which is kept in the chain.
+func (b *blobReader) corrupt(format string, err error) error {
+	if b.err != nil || err == nil || err == io.EOF {
+		return err
+	}
+	return fmt.Errorf("corrupt or truncated %s data (%w): %w", format, err, errdefs.ErrInvalidArgument)
+}
+
+// decoded is a decompressing reader whose errors say whose fault they are.
+type decoded struct {
+	rc     io.ReadCloser
+	src    *blobReader
+	format string
+}
+
+func (d *decoded) Read(p []byte) (int, error) {
+	n, err := d.rc.Read(p)
+	return n, d.src.corrupt(d.format, err)
+}
+
+func (d *decoded) Close() error { return d.rc.Close() }

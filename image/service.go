@@ -261,12 +261,16 @@ func (s *Service) pull(ctx context.Context, named reference.Named, auth *remote.
 	}
 	downloaded := time.Since(start)
 	cfgBytes, err := s.content.ReadAll(fetched.ConfigDigest, maxConfigSize)
+	if errdefs.IsOutOfRange(err) {
+		// The puller refuses such a config before downloading it; this is the backstop.
+		return nil, fmt.Errorf("pull %s: image config %s is larger than the %d bytes allowed: %w", name, fetched.ConfigDigest, maxConfigSize, errdefs.ErrInvalidArgument)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("pull %s: read config: %w", name, err)
 	}
 	var spec ocispec.Image
 	if err := json.Unmarshal(cfgBytes, &spec); err != nil {
-		return nil, fmt.Errorf("pull %s: decode image config: %w", name, err)
+		return nil, fmt.Errorf("pull %s: decode image config %s: %v: %w", name, fetched.ConfigDigest, err, errdefs.ErrInvalidArgument)
 	}
 	if len(spec.RootFS.DiffIDs) != len(fetched.Layers) {
 		return nil, fmt.Errorf("pull %s: config lists %d layers, manifest %d: %w", name, len(spec.RootFS.DiffIDs), len(fetched.Layers), errdefs.ErrInvalidArgument)
@@ -314,7 +318,10 @@ func (s *Service) pull(ctx context.Context, named reference.Named, auth *remote.
 }
 
 // unpack applies one layer as snapshot chainID, verifying that its uncompressed
-// content is the diff ID the config promises.
+// content is the diff ID the config promises. Faults of the layer (an entry refused,
+// corrupt compressed data, a truncated tar, the wrong diff ID) are errors wrapping
+// errdefs.ErrInvalidArgument that name the image and the layer's digest: the blob was
+// verified against the manifest when stored, so it is what the image holds.
 func (s *Service) unpack(ctx context.Context, name string, l remote.Layer, diffID, chainID, parent digest.Digest) (retErr error) {
 	if _, err := s.snaps.Stat(chainID); err == nil {
 		return nil
@@ -334,8 +341,9 @@ func (s *Service) unpack(ctx context.Context, name string, l remote.Layer, diffI
 	// as the tar stream is read, which is as it is written out.
 	guarded := s.reserve.Reader(raw, "")
 	tee := io.TeeReader(guarded, verifier.Hash())
+	// Apply's error names the layer ("unpack layer sha256:…: refused entry …").
 	if _, err := s.snaps.Apply(ctx, chainID, parent, l.Digest.String(), tee); err != nil {
-		return fmt.Errorf("pull %s: unpack layer %s: %w", name, l.Digest, err)
+		return fmt.Errorf("pull %s: %w", name, err)
 	}
 	defer func() {
 		if retErr != nil {
@@ -346,10 +354,13 @@ func (s *Service) unpack(ctx context.Context, name string, l remote.Layer, diffI
 	}()
 	// The tar end marker may come before the end of the stream: hash the rest too.
 	if _, err := io.Copy(io.Discard, tee); err != nil {
-		return fmt.Errorf("pull %s: read layer %s: %w", name, l.Digest, err)
+		return fmt.Errorf("pull %s: layer %s: %w", name, l.Digest, err)
 	}
+	// The blob matched the manifest's digest when it was stored, so a different diff ID
+	// is the image's own contradiction (a broken build tool), not data lost on the way:
+	// InvalidArgument, like every other fault of the image.
 	if got := verifier.Digest(); got != diffID {
-		return fmt.Errorf("pull %s: layer %s uncompresses to %s, but the image config says %s: %w", name, l.Digest, got, diffID, errdefs.ErrDataLoss)
+		return fmt.Errorf("pull %s: layer %s uncompresses to %s, but the image config says %s: the image is inconsistent: %w", name, l.Digest, got, diffID, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }

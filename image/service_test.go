@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/google/go-containerregistry/pkg/authn"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	ggcrremote "github.com/google/go-containerregistry/pkg/v1/remote"
@@ -315,13 +317,17 @@ func TestBadBlobsLeaveNothing(t *testing.T) {
 	f := newFixture(t)
 	img := imagetest.BusyboxImage(t, imagetest.OCI, imagetest.Gzip)
 	layer := imagetest.LayerDigests(t, img)[0]
+	// A blob that arrives whole but is not what the manifest names is the registry's
+	// to fix (FailedPrecondition, as containerd's content store says); a connection
+	// that breaks mid-blob is a network fault worth retrying (Unavailable).
 	for _, tc := range []struct {
 		name string
 		opt  imagetest.RegistryOption
+		kind func(error) bool
 	}{
-		{"tampered", imagetest.WithTamperedBlobs(imagetest.Blobs(layer))},
-		{"truncated", imagetest.WithTruncatedBlobs(imagetest.Blobs(layer), 1000)},
-		{"dying", imagetest.WithDyingBlobs(imagetest.Blobs(layer), 1000)},
+		{"tampered", imagetest.WithTamperedBlobs(imagetest.Blobs(layer)), errdefs.IsFailedPrecondition},
+		{"truncated", imagetest.WithTruncatedBlobs(imagetest.Blobs(layer), 1000), errdefs.IsFailedPrecondition},
+		{"dying", imagetest.WithDyingBlobs(imagetest.Blobs(layer), 1000), errdefs.IsUnavailable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			bad := imagetest.StartRegistry(t, tc.opt)
@@ -330,6 +336,8 @@ func TestBadBlobsLeaveNothing(t *testing.T) {
 				t.Fatal("pull of a bad blob succeeded")
 			} else if !strings.Contains(err.Error(), layer.Encoded()[:12]) {
 				t.Errorf("error does not name the layer: %v", err)
+			} else if !tc.kind(err) {
+				t.Errorf("error of the wrong kind: %v", err)
 			}
 			snaps, _ := f.svc.snaps.List()
 			if len(f.svc.List()) != 0 || len(snaps) != 0 {
@@ -353,17 +361,57 @@ func TestBadBlobsLeaveNothing(t *testing.T) {
 	}
 }
 
+// TestPullAuth: credentials a registry rejects or lacks are Unauthenticated (401) or
+// PermissionDenied (403), never "cannot reach the registry"; the message names the
+// registry and says the credentials were refused, and never echoes the secret.
 func TestPullAuth(t *testing.T) {
 	f := newFixture(t)
-	host := imagetest.StartRegistry(t, imagetest.WithBasicAuth("alice", "s3cret"))
 	img := imagetest.NewImage(t, imagetest.ImageOptions{}, imagetest.NewLayer(t, imagetest.OCI, imagetest.Gzip, imagetest.File("x", "y")))
-	imagetest.Push(t, host, "private:1", img, ggcrremote.WithAuth(&authn.Basic{Username: "alice", Password: "s3cret"}))
-	_, err := f.svc.Pull(context.Background(), host+"/private:1", nil)
-	if err == nil || !strings.Contains(strings.ToLower(err.Error()), "credential") {
-		t.Fatalf("pull without credentials: %v", err)
+	basic := imagetest.StartRegistry(t, imagetest.WithBasicAuth("alice", "s3cret"))
+	imagetest.Push(t, basic, "private:1", img, ggcrremote.WithAuth(&authn.Basic{Username: "alice", Password: "s3cret"}))
+	token := imagetest.StartRegistry(t, imagetest.WithTokenAuth(imagetest.TokenAuth{Username: "bob", Password: "hunter2", RefreshToken: "refresh-1", Token: "bearer-1"}))
+	imagetest.Push(t, token, "private:1", img, ggcrremote.WithAuth(&authn.Bearer{Token: "bearer-1"}))
+	// A registry that knows the user but does not let them pull.
+	forbidden := imagetest.StartRegistry(t, imagetest.WithErrorStatus(http.StatusForbidden, func(r *http.Request) bool {
+		return r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/manifests/")
+	}))
+	imagetest.Push(t, forbidden, "private:1", img)
+
+	for _, tc := range []struct {
+		name string
+		host string
+		auth *remote.Auth
+		kind func(error) bool
+		say  string
+	}{
+		{"basic, none given", basic, nil, errdefs.IsUnauthorized, "requires credentials and none were given"},
+		{"basic, wrong password", basic, &remote.Auth{Username: "alice", Password: "wrong-pw"}, errdefs.IsUnauthorized, "rejected the credentials"},
+		{"token, none given", token, nil, errdefs.IsUnauthorized, "requires credentials and none were given"},
+		{"token, wrong password", token, &remote.Auth{Username: "bob", Password: "wrong-pw"}, errdefs.IsUnauthorized, "rejected the credentials"},
+		{"token, wrong identity token", token, &remote.Auth{IdentityToken: "wrong-pw"}, errdefs.IsUnauthorized, "rejected the credentials"},
+		{"token, wrong registry token", token, &remote.Auth{RegistryToken: "wrong-pw"}, errdefs.IsUnauthorized, "rejected the credentials"},
+		{"forbidden", forbidden, &remote.Auth{Username: "carol", Password: "wrong-pw"}, errdefs.IsPermissionDenied, "the credentials do not allow pulling it"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := f.svc.Pull(context.Background(), tc.host+"/private:1", tc.auth)
+			t.Log(err)
+			if err == nil || !tc.kind(err) || errdefs.IsUnavailable(err) {
+				t.Fatalf("pull = %v, want it refused for the credentials", err)
+			}
+			msg := err.Error()
+			if !strings.Contains(msg, "registry "+tc.host) || !strings.Contains(msg, tc.say) {
+				t.Errorf("error does not name the registry %s and say %q: %v", tc.host, tc.say, err)
+			}
+			if strings.Contains(msg, "wrong-pw") {
+				t.Errorf("error echoes the secret: %v", err)
+			}
+		})
 	}
-	if _, err := f.svc.Pull(context.Background(), host+"/private:1", &remote.Auth{Username: "alice", Password: "s3cret"}); err != nil {
+	if _, err := f.svc.Pull(context.Background(), basic+"/private:1", &remote.Auth{Username: "alice", Password: "s3cret"}); err != nil {
 		t.Fatalf("pull with credentials: %v", err)
+	}
+	if _, err := f.svc.Pull(context.Background(), token+"/private:1", &remote.Auth{Username: "bob", Password: "hunter2"}); err != nil {
+		t.Fatalf("pull with credentials from a token registry: %v", err)
 	}
 }
 
@@ -389,6 +437,11 @@ func rawTar(t *testing.T, hdrs ...*tar.Header) []byte {
 	return buf.Bytes()
 }
 
+// TestPullRefusesMaliciousLayers: a layer that would escape, that the unpack cannot
+// create, that is not a valid (compressed) tar or that contradicts the image config is
+// refused with InvalidArgument (the image's fault, cri's toStatus makes it the gRPC
+// code), naming the image, the layer's digest and what is wrong, and nothing of it is
+// kept.
 func TestPullRefusesMaliciousLayers(t *testing.T) {
 	f := newFixture(t)
 	host := imagetest.StartRegistry(t)
@@ -397,32 +450,63 @@ func TestPullRefusesMaliciousLayers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	reg := func(name string, size int64) *tar.Header {
+		return &tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644, Size: size}
+	}
+	// A valid two-file tar, and its gzip, to cut and corrupt.
+	valid := rawTar(t, reg("a", 3000), reg("b", 3000))
+	gz := imagetest.LayerFromTar(t, imagetest.OCI, imagetest.Gzip, valid)
+	flipped := append([]byte(nil), gz.Blob()...)
+	flipped[len(flipped)-6] ^= 0xff // in the gzip trailer's CRC: only the checksum can tell
+	other := imagetest.LayerFromTar(t, imagetest.OCI, imagetest.Gzip, rawTar(t, reg("c", 10)))
+	diffID, err := gz.DiffID()
+	if err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		name  string
-		entry string
-		tar   []byte
+		tar   []byte           // gzip'd into the layer, or
+		layer *imagetest.Layer // the layer as is
+		say   string           // what the error must say (the entry, for refused entries)
 	}{
-		{"dotdot", "escape", rawTar(t, &tar.Header{Name: "../../../../" + outside + "/escape", Typeflag: tar.TypeReg, Mode: 0o644, Size: 4})},
-		{"absolute", "evil", rawTar(t, &tar.Header{Name: outside + "/evil", Typeflag: tar.TypeReg, Mode: 0o644, Size: 4})},
-		{"symlink then write", "link", rawTar(t,
+		{name: "dotdot", tar: rawTar(t, reg("../../../../"+outside+"/escape", 4)), say: `/escape"`},
+		{name: "absolute", tar: rawTar(t, reg(outside+"/evil", 4)), say: `/evil"`},
+		{name: "symlink then write", tar: rawTar(t,
 			&tar.Header{Name: "link", Typeflag: tar.TypeSymlink, Linkname: outside, Mode: 0o777},
-			&tar.Header{Name: "link/planted", Typeflag: tar.TypeReg, Mode: 0o644, Size: 4})},
-		{"hardlink to host passwd", "pw", rawTar(t, &tar.Header{Name: "pw", Typeflag: tar.TypeLink, Linkname: "/etc/passwd"})},
+			reg("link/planted", 4)), say: `"link/planted"`},
+		{name: "hardlink to host passwd", tar: rawTar(t, &tar.Header{Name: "pw", Typeflag: tar.TypeLink, Linkname: "/etc/passwd"}), say: `"pw"`},
+		{name: "hardlink to a missing target", tar: rawTar(t, &tar.Header{Name: "pw", Typeflag: tar.TypeLink, Linkname: "nope"}), say: `"pw"`},
+		{name: "whiteout of dot", tar: rawTar(t, reg("d/.wh..", 0)), say: `"d/.wh.."`},
+		{name: "opaque marker beneath a file", tar: rawTar(t, reg("f", 1), reg("f/.wh..wh..opq", 0)), say: `"f/.wh..wh..opq"`},
+		{name: "entry beneath a file", tar: rawTar(t, reg("f", 1), reg("f/x", 1)), say: `"f/x"`},
+		{name: "truncated tar", tar: valid[:2000], say: "truncated"},
+		{name: "truncated tar, uncompressed", layer: imagetest.LayerFromTar(t, imagetest.OCI, imagetest.Uncompressed, valid[:2000]), say: "truncated"},
+		{name: "not a tar", tar: bytes.Repeat([]byte("x"), 4096), say: "not a valid tar stream"},
+		{name: "truncated gzip", layer: gz.WithBlob(gz.Blob()[:len(gz.Blob())/2]), say: "corrupt or truncated gzip data"},
+		{name: "corrupt gzip", layer: gz.WithBlob(flipped), say: "corrupt or truncated gzip data"},
+		{name: "wrong diff ID", layer: gz.WithBlob(other.Blob()), say: "but the image config says " + diffID.String()},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			layer := tc.layer
+			if layer == nil {
+				layer = imagetest.LayerFromTar(t, imagetest.OCI, imagetest.Gzip, tc.tar)
+			}
 			img := imagetest.NewImage(t, imagetest.ImageOptions{},
-				imagetest.NewLayer(t, imagetest.OCI, imagetest.Gzip, imagetest.File("ok", "fine")),
-				imagetest.LayerFromTar(t, imagetest.OCI, imagetest.Gzip, tc.tar))
+				imagetest.NewLayer(t, imagetest.OCI, imagetest.Gzip, imagetest.File("ok", "fine")), layer)
 			ref := fmt.Sprintf("evil/%d:1", i)
 			imagetest.Push(t, host, ref, img)
 			_, err := f.svc.Pull(context.Background(), host+"/"+ref, nil)
 			if err == nil {
 				t.Fatal("malicious layer was accepted")
 			}
+			t.Log(err)
 			bad := imagetest.LayerDigests(t, img)[1]
-			if !strings.Contains(err.Error(), bad.String()) || !strings.Contains(err.Error(), tc.entry) {
-				t.Errorf("error names neither layer %s nor entry %q: %v", bad, tc.entry, err)
+			if msg := err.Error(); !strings.Contains(msg, host+"/"+ref) || !strings.Contains(msg, bad.String()) || !strings.Contains(msg, tc.say) {
+				t.Errorf("error does not name the image %s, the layer %s and say %q: %v", host+"/"+ref, bad, tc.say, err)
+			}
+			if !errdefs.IsInvalidArgument(err) {
+				t.Errorf("error is not InvalidArgument: %v", err)
 			}
 			if entries, _ := os.ReadDir(outside); len(entries) != 0 {
 				t.Fatalf("files written outside the snapshot: %v", entries)

@@ -319,6 +319,16 @@ func ZerosLayer(t testing.TB, f Format, name string, size int64) *Layer {
 	}
 }
 
+// WithBlob returns a copy of l whose registry blob is blob (its digest and size follow
+// it) while its diff ID stays l's: a layer whose stored data does not decompress to
+// what the image config promises (corrupt, truncated or simply other content).
+func (l *Layer) WithBlob(blob []byte) *Layer {
+	c := *l
+	c.blob = append([]byte(nil), blob...)
+	c.digest = sha256Hash(c.blob)
+	return &c
+}
+
 // Size returns the size of the compressed blob.
 func (l *Layer) Size() (int64, error) { return int64(len(l.blob)), nil }
 

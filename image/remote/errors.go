@@ -19,10 +19,7 @@ func classify(err error, ep endpoint, what string, withCreds bool) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
-	where := "registry " + ep.host
-	if ep.mirror {
-		where = "mirror " + ep.display
-	}
+	where := ep.where()
 	var terr *transport.Error
 	if errors.As(err, &terr) {
 		switch {
@@ -32,7 +29,10 @@ func classify(err error, ep endpoint, what string, withCreds bool) error {
 			}
 			return fmt.Errorf("%s requires credentials and none were given for it (401 Unauthorized), or the repository does not exist (%w): %w", where, err, errdefs.ErrUnauthenticated)
 		case terr.StatusCode == http.StatusForbidden || hasCode(terr, transport.DeniedErrorCode):
-			return fmt.Errorf("%s denied access to %s (403 Forbidden): the credentials do not allow pulling it (%w): %w", where, what, err, errdefs.ErrPermissionDenied)
+			if withCreds {
+				return fmt.Errorf("%s denied access to %s (403 Forbidden): the credentials do not allow pulling it (%w): %w", where, what, err, errdefs.ErrPermissionDenied)
+			}
+			return fmt.Errorf("%s denied access to %s (403 Forbidden) and no credentials were given for it (%w): %w", where, what, err, errdefs.ErrPermissionDenied)
 		case terr.StatusCode == http.StatusNotFound || hasCode(terr, transport.ManifestUnknownErrorCode) ||
 			hasCode(terr, transport.NameUnknownErrorCode) || hasCode(terr, transport.BlobUnknownErrorCode):
 			return fmt.Errorf("%s not found on %s (%w): %w", what, where, err, errdefs.ErrNotFound)
@@ -55,4 +55,12 @@ func hasCode(e *transport.Error, code transport.ErrorCode) bool {
 		}
 	}
 	return false
+}
+
+// where names ep in messages: "registry docker.io", "mirror https://m.example/hub".
+func (ep endpoint) where() string {
+	if ep.mirror {
+		return "mirror " + ep.display
+	}
+	return "registry " + ep.host
 }

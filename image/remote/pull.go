@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -332,8 +333,10 @@ func (p *Puller) pullFrom(ctx context.Context, named reference.Named, ep endpoin
 
 	// The config comes first: its diff IDs must agree with the layers before
 	// anything large is downloaded.
+	// An oversized config or manifest is the image's fault, as every other refusal of
+	// its content is: InvalidArgument (not OutOfRange, which the CRI does not expect).
 	if m.Config.Size > maxConfigSize {
-		return nil, fmt.Errorf("config %s: %d bytes is more than the %d allowed: %w", m.Config.Digest, m.Config.Size, maxConfigSize, errdefs.ErrOutOfRange)
+		return nil, fmt.Errorf("image config %s is %d bytes, more than the %d crisp reads (real ones are a few KiB): %w", m.Config.Digest, m.Config.Size, maxConfigSize, errdefs.ErrInvalidArgument)
 	}
 	if err := p.fetch(ctx, src, m.Config, stats); err != nil {
 		return nil, fmt.Errorf("fetch config %s: %w", m.Config.Digest, err)
@@ -438,7 +441,7 @@ func (p *Puller) getManifest(ctx context.Context, src *source, ref name.Referenc
 		return nil, manifestDesc{}, classify(err, src.ep, what, src.withCreds)
 	}
 	if len(d.Manifest) > maxManifestSize {
-		return nil, manifestDesc{}, fmt.Errorf("%s: manifest of %d bytes is larger than the %d allowed: %w", what, len(d.Manifest), maxManifestSize, errdefs.ErrOutOfRange)
+		return nil, manifestDesc{}, fmt.Errorf("%s: manifest of %d bytes is larger than the %d allowed: %w", what, len(d.Manifest), maxManifestSize, errdefs.ErrInvalidArgument)
 	}
 	return d.Manifest, manifestDesc{
 		Digest:    digest.Digest(d.Digest.String()),
@@ -531,7 +534,7 @@ func (p *Puller) download(ctx context.Context, src *source, desc ocispec.Descrip
 		return fmt.Errorf("%s announced %d bytes, but the manifest says %d: %w",
 			src.ep.display, resp.ContentLength, desc.Size, errdefs.ErrFailedPrecondition)
 	}
-	body := p.reserve.Reader(resp.Body, "")
+	body := p.reserve.Reader(&connReader{r: resp.Body, ep: src.ep, ctx: ctx}, "")
 	if err := p.cs.Write(ctx, desc.Digest, desc.Size, body); err != nil {
 		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 			return ctx.Err()
@@ -542,4 +545,25 @@ func (p *Puller) download(ctx context.Context, src *source, desc ocispec.Descrip
 	stats.bytes.Add(desc.Size)
 	p.log.Debug("downloaded blob", "digest", desc.Digest, "size", desc.Size, "from", src.ep.display, "duration", time.Since(start))
 	return nil
+}
+
+// connReader is a blob download's response body. A read error is the connection's: the
+// registry died or the network was cut mid-blob. That is Unavailable, worth a retry,
+// unlike a body that ends cleanly but short or with the wrong digest (the content
+// store's FailedPrecondition, as containerd's: the registry serves bad data). The
+// caller's cancellation stays what it is.
+type connReader struct {
+	r    io.Reader
+	ep   endpoint
+	ctx  context.Context
+	read int64
+}
+
+func (c *connReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.read += int64(n)
+	if err != nil && err != io.EOF && c.ctx.Err() == nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+		err = fmt.Errorf("connection to %s lost after %d bytes (%w): %w", c.ep.where(), c.read, err, errdefs.ErrUnavailable)
+	}
+	return n, err
 }

@@ -477,14 +477,17 @@ func TestPullBadBlob(t *testing.T) {
 	healthy := imagetest.StartRegistry(t)
 	imagetest.Push(t, healthy, "app:v1", img)
 
+	// kind: what arrives whole but wrong is the registry's to fix (FailedPrecondition,
+	// as containerd's content store); a connection cut mid-blob is worth a retry.
 	for _, tc := range []struct {
 		name  string
 		fault imagetest.RegistryOption
 		want  string
+		kind  func(error) bool
 	}{
-		{"tampered", imagetest.WithTamperedBlobs(imagetest.Blobs(bad)), "digest mismatch"},
-		{"truncated", imagetest.WithTruncatedBlobs(imagetest.Blobs(bad), 100<<10), "truncated: got 102400 of"},
-		{"registry dies mid-blob", imagetest.WithDyingBlobs(imagetest.Blobs(bad), 200<<10), "read failed after 204800 of"},
+		{"tampered", imagetest.WithTamperedBlobs(imagetest.Blobs(bad)), "digest mismatch", errdefs.IsFailedPrecondition},
+		{"truncated", imagetest.WithTruncatedBlobs(imagetest.Blobs(bad), 100<<10), "truncated: got 102400 of", errdefs.IsFailedPrecondition},
+		{"registry dies mid-blob", imagetest.WithDyingBlobs(imagetest.Blobs(bad), 200<<10), "read failed after 204800 of", errdefs.IsUnavailable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			host := imagetest.StartRegistry(t, tc.fault)
@@ -500,6 +503,9 @@ func TestPullBadBlob(t *testing.T) {
 			if !strings.HasPrefix(msg, prefix) || !strings.Contains(msg, tc.want) {
 				t.Errorf("error %q: want it to start with %q and say %q", msg, prefix, tc.want)
 			}
+			if !tc.kind(err) {
+				t.Errorf("error of the wrong kind: %v", err)
+			}
 			stored := storedBlobs(t, cs) // also checks every stored blob is what its name says
 			if stored[bad] {
 				t.Error("the corrupted blob is in the store")
@@ -511,6 +517,35 @@ func TestPullBadBlob(t *testing.T) {
 				t.Fatalf("pull from a healthy registry after a failure: %v", err)
 			}
 			checkPulled(t, cs, got, img)
+		})
+	}
+}
+
+// TestPullRefusesOversizedDocuments: a config or manifest over the size crisp reads is
+// the image's fault (InvalidArgument), refused before the config is downloaded.
+func TestPullRefusesOversizedDocuments(t *testing.T) {
+	host := imagetest.StartRegistry(t)
+	layer := imagetest.NewLayer(t, imagetest.OCI, imagetest.Gzip, imagetest.File("a", "b"))
+	bigConfig := imagetest.NewImage(t, imagetest.ImageOptions{Config: v1.Config{Labels: map[string]string{"junk": strings.Repeat("y", maxConfigSize)}}}, layer)
+	bigManifest := imagetest.NewImage(t, imagetest.ImageOptions{Annotations: map[string]string{"junk": strings.Repeat("y", maxManifestSize)}}, layer)
+	imagetest.Push(t, host, "big/config:1", bigConfig)
+	imagetest.Push(t, host, "big/manifest:1", bigManifest)
+	for _, tc := range []struct {
+		ref, say string
+	}{
+		{"big/config:1", "image config " + imagetest.ConfigDigest(t, bigConfig).String() + " is "},
+		{"big/manifest:1", "larger than the 4194304 allowed"},
+	} {
+		t.Run(tc.ref, func(t *testing.T) {
+			p, cs := newPuller(t, Config{})
+			_, err := p.Pull(context.Background(), host+"/"+tc.ref, nil)
+			t.Log(err)
+			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), host+"/"+tc.ref) || !strings.Contains(err.Error(), tc.say) {
+				t.Fatalf("pull = %v, want InvalidArgument naming the image and saying %q", err, tc.say)
+			}
+			if blobs := storedBlobs(t, cs); len(blobs) > 1 {
+				t.Errorf("stored %d blobs of a refused image, want at most its manifest", len(blobs))
+			}
 		})
 	}
 }

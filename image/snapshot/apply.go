@@ -20,6 +20,12 @@ import (
 	"github.com/crisp-runtime/crisp/image/diskspace"
 )
 
+// OCI whiteout names (image-spec layer.md), as archive.Apply reads them.
+const (
+	whiteoutPrefix = ".wh."
+	whiteoutOpaque = ".wh..wh..opq"
+)
+
 // Apply unpacks one uncompressed layer tar stream as snapshot chainID on top of parent
 // (empty for a base layer); layerName (e.g. the compressed blob's digest) names the
 // layer in errors. It is atomic: the layer is unpacked into a temporary directory under
@@ -31,8 +37,13 @@ import (
 // Entries that could escape the layer or disagree with what the mounted image shows are
 // refused (errdefs.ErrInvalidArgument, naming the layer and the entry): absolute names,
 // ".." components, hard links to absolute or ".." targets, and anything reached through
-// a symlink of this layer or of a visible lower layer. A full filesystem is an error
-// wrapping errdefs.ErrResourceExhausted.
+// a symlink of this layer or of a visible lower layer. So are entries the unpack could
+// not create, refused before it tries so that the error names the entry: hard links to
+// a target that is not (yet) in this layer or is a directory, whiteouts that name no
+// file (".wh.", ".wh.."), and entries (opaque markers too) beneath a file or whiteout of
+// this layer. A stream that is not a tar or ends inside one (a truncated layer) is
+// errdefs.ErrInvalidArgument too; an error of r itself is returned as it is (its kind is
+// r's to give). A full filesystem is an error wrapping errdefs.ErrResourceExhausted.
 func (s *Snapshotter) Apply(ctx context.Context, chainID, parent digest.Digest, layerName string, r io.Reader) (_ Info, retErr error) {
 	// A full filesystem is ResourceExhausted; the partial layer is removed below.
 	defer func() { retErr = diskspace.Classify(retErr, s.root) }()
@@ -76,13 +87,14 @@ func (s *Snapshotter) Apply(ctx context.Context, chainID, parent digest.Digest, 
 		return Info{}, fmt.Errorf("unpack layer %s: %w", layerName, err)
 	}
 	g := &guard{layer: tmp, lowers: lowers, lowerCache: map[string]lowerView{}}
-	_, err = archive.Apply(ctx, tmp, r,
+	src := &stream{r: r}
+	_, err = archive.Apply(ctx, tmp, src,
 		archive.WithConvertWhiteout(archive.OverlayConvertWhiteout),
 		archive.WithParents(lowers),
 		archive.WithFilter(g.filter),
 	)
 	if err != nil {
-		return Info{}, fmt.Errorf("unpack layer %s: %w", layerName, err)
+		return Info{}, fmt.Errorf("unpack layer %s: %w", layerName, classifyApply(err, src))
 	}
 	size, inodes, err := diskUsage(tmp)
 	if err != nil {
@@ -200,12 +212,19 @@ func (g *guard) filter(hdr *tar.Header) (bool, error) {
 	if err := g.checkName(name); err != nil {
 		return false, refuse(hdr.Name, err.Error())
 	}
+	if err := checkWhiteout(name); err != nil {
+		return false, refuse(hdr.Name, err.Error())
+	}
 	if hdr.Typeflag == tar.TypeLink {
 		target := strings.TrimPrefix(hdr.Linkname, "./")
 		if err := g.checkName(target); err != nil {
 			return false, refuse(hdr.Name, fmt.Sprintf("hard link target %q: %s", hdr.Linkname, err))
 		}
-		if err := g.checkParents(filepath.Clean(target)); err != nil {
+		target = filepath.Clean(target)
+		if err := g.checkParents(target); err != nil {
+			return false, refuse(hdr.Name, fmt.Sprintf("hard link target %q: %s", hdr.Linkname, err))
+		}
+		if err := g.checkLinkTarget(name, target); err != nil {
 			return false, refuse(hdr.Name, fmt.Sprintf("hard link target %q: %s", hdr.Linkname, err))
 		}
 	}
@@ -213,6 +232,80 @@ func (g *guard) filter(hdr *tar.Header) (bool, error) {
 		return false, refuse(hdr.Name, err.Error())
 	}
 	return true, nil
+}
+
+// checkWhiteout refuses a whiteout that names no file (".wh.", ".wh..", ".wh..."):
+// archive.Apply would refuse it only as an "invalid archive", or whiteout the directory
+// holding it. The opaque marker ".wh..wh..opq" is fine, and so are other ".wh..wh."
+// names, which old Docker (AUFS) layers carry and which unpack as containerd unpacks them.
+func checkWhiteout(name string) error {
+	base := filepath.Base(name)
+	if !strings.HasPrefix(base, whiteoutPrefix) || base == whiteoutOpaque {
+		return nil
+	}
+	switch strings.TrimPrefix(base, whiteoutPrefix) {
+	case "", ".", "..":
+		return fmt.Errorf("whiteout %q names no file to remove", base)
+	}
+	return nil
+}
+
+// checkLinkTarget refuses a hard link that archive.Apply could not make: link(2) needs
+// the target to exist, in this layer (archive.Apply does not look into lower layers),
+// earlier in the tar, and not be a directory. Its parents are checked already, so the
+// Lstat follows no symlink.
+func (g *guard) checkLinkTarget(name, target string) error {
+	if target == name {
+		return errors.New("the entry links to itself")
+	}
+	fi, err := os.Lstat(filepath.Join(g.layer, target))
+	switch {
+	case errors.Is(err, fs.ErrNotExist), errors.Is(err, unix.ENOTDIR):
+		return errors.New("no such file earlier in this layer (hard links cannot reach into lower layers)")
+	case err != nil:
+		return fmt.Errorf("check the target: %w", err)
+	case fi.IsDir():
+		return errors.New("is a directory")
+	}
+	return nil
+}
+
+// stream is the layer's tar stream as archive.Apply reads it. It remembers whether the
+// stream itself failed, so that classifyApply can tell a broken source (a network
+// error, a corrupt compressed blob: the source gives the kind) from a well-read stream
+// that is not a valid tar.
+type stream struct {
+	r   io.Reader
+	err error // the first error of r other than io.EOF
+}
+
+func (s *stream) Read(p []byte) (int, error) {
+	n, err := s.r.Read(p)
+	if err != nil && err != io.EOF && s.err == nil {
+		s.err = err
+	}
+	return n, err
+}
+
+// classifyApply gives an error of archive.Apply its kind. A stream that read without
+// error and still broke the tar format is the layer's fault: truncated (it ended inside
+// a header or a file's data) or not a tar at all. The caller's source is trusted to
+// report its own failures (a cut connection must not look like a clean end), so a clean
+// early end means the layer itself is short. Errors of the source, the context and the
+// filesystem (EIO, EACCES: the host's fault) are returned as they are.
+func classifyApply(err error, src *stream) error {
+	switch {
+	case src.err != nil, errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded),
+		errdefs.IsInvalidArgument(err), errdefs.IsResourceExhausted(err):
+		return err
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return fmt.Errorf("the tar stream ends inside an entry, the layer is truncated (%w): %w", err, errdefs.ErrInvalidArgument)
+	case strings.HasPrefix(err.Error(), "archive/tar: "):
+		// archive.Apply returns the tar reader's errors as they are: ErrHeader,
+		// ErrFieldTooLong, and unexported ones about sparse files.
+		return fmt.Errorf("not a valid tar stream (%w): %w", err, errdefs.ErrInvalidArgument)
+	}
+	return err
 }
 
 // refuse is the error for a refused entry; the caller adds the layer's name.
@@ -261,8 +354,9 @@ func (g *guard) checkParents(name string) error {
 				case fi.Mode()&fs.ModeSymlink != 0:
 					return fmt.Errorf("parent %q is a symlink in this layer", prefix)
 				case !fi.IsDir():
-					// A file or a whiteout: archive.Apply fails on it with ENOTDIR.
-					return nil
+					// A file or a whiteout of this layer, earlier in the tar:
+					// archive.Apply would fail with a bare ENOTDIR.
+					return fmt.Errorf("parent %q is not a directory in this layer (a file or a whiteout earlier in the tar)", prefix)
 				}
 				if lowersShown && len(g.lowers) > 0 && isOpaque(p) {
 					lowersShown = false

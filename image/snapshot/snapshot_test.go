@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"errors"
@@ -381,6 +382,34 @@ func TestMaliciousLayersRefused(t *testing.T) {
 			evil:  []entry{hardlinkE("pw", "etc/passwd")},
 			entry: "pw",
 		},
+		// Layers the unpack cannot create: refused before it tries, naming the entry.
+		{name: "hard link to a missing target", evil: []entry{hardlinkE("pw", "nope")}, entry: "pw"},
+		{name: "hard link to a later entry", evil: []entry{hardlinkE("pw", "later"), fileE("later", "x", 0o644)}, entry: "pw"},
+		{
+			name:  "hard link into a lower layer",
+			base:  [][]entry{{fileE("f", "lower", 0o644)}},
+			evil:  []entry{hardlinkE("pw", "f")},
+			entry: "pw",
+		},
+		{name: "hard link to itself", evil: []entry{fileE("a", "a", 0o644), hardlinkE("a", "a")}, entry: "a"},
+		{name: "hard link to a directory", evil: []entry{dirE("d/", 0o755), hardlinkE("pw", "d")}, entry: "pw"},
+		{name: "hard link beneath a file", evil: []entry{fileE("f", "x", 0o644), hardlinkE("pw", "f/x")}, entry: "pw"},
+		{name: "whiteout of dot-dot", evil: []entry{dirE("d/", 0o755), fileE("d/.wh...", "", 0o644)}, entry: "d/.wh..."},
+		{name: "whiteout of dot at the root", evil: []entry{fileE(".wh..", "", 0o644)}, entry: ".wh.."},
+		{name: "whiteout of dot", evil: []entry{fileE("d/.wh..", "", 0o644)}, entry: "d/.wh.."},
+		{name: "whiteout of nothing", evil: []entry{fileE("d/.wh.", "", 0o644)}, entry: "d/.wh."},
+		{
+			name:  "opaque marker beneath a file",
+			evil:  []entry{fileE("f", "x", 0o644), fileE("f/.wh..wh..opq", "", 0o644)},
+			entry: "f/.wh..wh..opq",
+		},
+		{name: "entry beneath a file", evil: []entry{fileE("f", "x", 0o644), fileE("f/x", "x", 0o644)}, entry: "f/x"},
+		{
+			name:  "entry beneath a whiteout",
+			base:  [][]entry{{dirE("d/", 0o755), fileE("d/old", "o", 0o644)}},
+			evil:  []entry{fileE(".wh.d", "", 0o644), fileE("d/new", "n", 0o644)},
+			entry: "d/new",
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -557,14 +586,20 @@ func TestInterruptedApply(t *testing.T) {
 	errNet := errors.New("connection reset by peer")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	// invalid: the layer's own fault (InvalidArgument); a failing reader or context is
+	// not, whatever the tar reader makes of the cut.
 	tests := []struct {
-		name string
-		ctx  context.Context
-		r    io.Reader
-		want error
+		name    string
+		ctx     context.Context
+		r       io.Reader
+		want    error
+		invalid bool
 	}{
 		{name: "reader fails", ctx: context.Background(), r: &errReader{r: bytes.NewReader(half), err: errNet}, want: errNet},
-		{name: "truncated stream", ctx: context.Background(), r: bytes.NewReader(half), want: io.ErrUnexpectedEOF},
+		{name: "reader fails mid-header", ctx: context.Background(), r: &errReader{r: bytes.NewReader(data[:700]), err: errNet}, want: errNet},
+		{name: "truncated stream", ctx: context.Background(), r: bytes.NewReader(half), want: io.ErrUnexpectedEOF, invalid: true},
+		{name: "truncated in a header", ctx: context.Background(), r: bytes.NewReader(data[:700]), want: io.ErrUnexpectedEOF, invalid: true},
+		{name: "not a tar", ctx: context.Background(), r: bytes.NewReader(bytes.Repeat([]byte("x"), 4096)), want: tar.ErrHeader, invalid: true},
 		{name: "context canceled", ctx: ctx, r: &errReader{r: bytes.NewReader(half), err: nil, before: cancel}, want: context.Canceled},
 	}
 	for _, tc := range tests {
@@ -578,6 +613,9 @@ func TestInterruptedApply(t *testing.T) {
 			_, err := f.s.Apply(tc.ctx, chainID(base, data), base, "sha256:cut", r)
 			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), "sha256:cut") {
 				t.Fatalf("Apply = %v, want %v naming the layer", err, tc.want)
+			}
+			if errdefs.IsInvalidArgument(err) != tc.invalid {
+				t.Errorf("Apply = %v: InvalidArgument is %v, want %v", err, errdefs.IsInvalidArgument(err), tc.invalid)
 			}
 			if got := names(t, f.root); len(got) != 1 {
 				t.Errorf("root holds %v, want only the base layer", got)
