@@ -1,0 +1,824 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/crisp-runtime/crisp/image/imagetest"
+)
+
+// containerdVersion is the containerd hack/containerd.sh builds into its cache.
+const containerdVersion = "2.4.2"
+
+// ctrdHandlers are the runtime handlers the containerd test configures: crisp's shim
+// (installed as containerd-shim-crisp-v1, runtime_type io.containerd.crisp.v1) once as
+// containerd's sandbox (sandboxer "shim": the shim serves the Sandbox API and the
+// pod's containers through the task API) and once as a plain task shim under
+// containerd's own pause container (sandboxer "podsandbox"), and containerd's runc
+// shim as the baseline.
+var ctrdHandlers = []string{"crisp-pod", "crisp-shim", "runc"}
+
+// containerdBinDir is where hack/containerd.sh caches containerd and its runc shim.
+func containerdBinDir(t *testing.T) string {
+	t.Helper()
+	cache := os.Getenv("CONTAINERD_CACHE")
+	if cache == "" {
+		cache = "/var/cache/crisp/containerd-v" + containerdVersion
+	}
+	bin := filepath.Join(cache, "bin")
+	for _, name := range []string{"containerd", "containerd-shim-runc-v2"} {
+		if _, err := os.Stat(filepath.Join(bin, name)); err != nil {
+			t.Skipf("containerd %s is not built (%v): hack/containerd.sh builds it (make test and .ci/run do)", containerdVersion, err)
+		}
+	}
+	if _, err := exec.LookPath("runc"); err != nil {
+		t.Skip("containerd's runc shim needs a runc binary: apt-get install runc (hack/containerd.sh does)")
+	}
+	return bin
+}
+
+// ctrd is one containerd 2.x with its own config, root, state, socket, shim socket
+// dir, CNI network (bridge, subnet, IPAM dir) and cgroup parent, all removed at the
+// end of the test.
+type ctrd struct {
+	t       *testing.T
+	dir     string
+	root    string
+	state   string
+	socket  string
+	sockDir string
+	logPath string
+	bridge  string
+	subnet  string
+	ipam    string
+	cgroup  string
+	pathEnv string
+
+	cmd  *exec.Cmd
+	done chan struct{}
+	conn *grpc.ClientConn
+	rt   cri.RuntimeServiceClient
+	img  cri.ImageServiceClient
+
+	busybox string
+	pause   string
+}
+
+func newContainerd(t *testing.T) *ctrd {
+	t.Helper()
+	needRoot(t)
+	ctrdBin := containerdBinDir(t)
+	crispBin := buildBinaries(t)
+	// Short: shim sockets are made below it and unix socket paths max out at 108 bytes.
+	dir, err := os.MkdirTemp("/tmp", "crisp-ctrd-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &ctrd{
+		t:       t,
+		dir:     dir,
+		root:    filepath.Join(dir, "root"),
+		state:   filepath.Join(dir, "state"),
+		socket:  filepath.Join(dir, "containerd.sock"),
+		sockDir: filepath.Join(dir, "s"),
+		logPath: filepath.Join(dir, "containerd.log"),
+		bridge:  fmt.Sprintf("crispc%d", rand.IntN(100000)),
+		subnet:  fmt.Sprintf("10.%d.%d.0/24", 200+rand.IntN(40), rand.IntN(200)+20),
+		ipam:    filepath.Join(dir, "ipam"),
+		cgroup:  fmt.Sprintf("/crisp-ctrd-%d", rand.IntN(1000000)),
+	}
+	t.Cleanup(c.cleanup)
+
+	// containerd finds crisp's shim as containerd-shim-crisp-v1 on its PATH (from
+	// runtime_type io.containerd.crisp.v1); the shim re-executes /proc/self/exe, so a
+	// symlink is enough.
+	bin := filepath.Join(dir, "bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(crispBin, "shim-runc"), filepath.Join(bin, "containerd-shim-crisp-v1")); err != nil {
+		t.Fatal(err)
+	}
+	c.pathEnv = bin + ":" + ctrdBin + ":" + os.Getenv("PATH")
+
+	// Images: busybox for the containers, a static pause for containerd's podsandbox.
+	host := imagetest.StartRegistry(t)
+	imagetest.Push(t, host, "busybox:ctrd", imagetest.BusyboxImage(t, imagetest.OCI, imagetest.Gzip))
+	imagetest.Push(t, host, "pause:ctrd", ctrdPauseImage(t))
+	c.busybox, c.pause = host+"/busybox:ctrd", host+"/pause:ctrd"
+	// The test registry speaks plain HTTP: a hosts.toml says so (the transfer service
+	// containerd 2.1+ pulls with reads only config_path, not the deprecated mirrors).
+	hostsDir := filepath.Join(dir, "certs.d", host)
+	if err := os.MkdirAll(hostsDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	hosts := fmt.Sprintf("server = %q\n\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n", "http://"+host, "http://"+host)
+	if err := os.WriteFile(filepath.Join(hostsDir, "hosts.toml"), []byte(hosts), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	netd := filepath.Join(dir, "net.d")
+	if err := os.MkdirAll(netd, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	type obj = map[string]any
+	conf, err := json.MarshalIndent(obj{
+		"cniVersion": "1.0.0",
+		"name":       "ctrd-" + c.bridge,
+		"plugins": []obj{{
+			"type": "bridge", "bridge": c.bridge, "isGateway": true,
+			"ipam": obj{
+				"type":    "host-local",
+				"ranges":  [][]obj{{{"subnet": c.subnet}}},
+				"routes":  []obj{{"dst": "0.0.0.0/0"}},
+				"dataDir": c.ipam,
+			},
+		}},
+	}, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(netd, "10-ctrd.conflist"), conf, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg := fmt.Sprintf(ctrdConfig, c.root, c.state, c.socket, c.socket+".ttrpc",
+		filepath.Join(dir, "opt"), c.sockDir, c.pause, filepath.Join(dir, "certs.d"),
+		filepath.Join(dir, "runc"), netd)
+	cfgPath := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c.start(filepath.Join(ctrdBin, "containerd"), cfgPath)
+	return c
+}
+
+// ctrdConfig is a version 3 config (containerd 2.x; 2.4 migrates it to its version 4
+// on start): own root, state, sockets and shim socket dir, no NRI socket, cgroupfs,
+// restrict_oom_score_adj (this VM lacks CAP_SYS_RESOURCE for negative values), network
+// namespaces pinned under the state dir, and the three runtime handlers.
+const ctrdConfig = `version = 3
+root = %[1]q
+state = %[2]q
+oom_score = 0
+
+[grpc]
+  address = %[3]q
+
+[ttrpc]
+  address = %[4]q
+
+[debug]
+  level = "debug"
+
+[plugins.'io.containerd.internal.v1.opt']
+  path = %[5]q
+
+[plugins.'io.containerd.nri.v1.nri']
+  disable = true
+
+[plugins.'io.containerd.shim.v1.manager']
+  socket_dir = %[6]q
+
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = 'overlayfs'
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = %[7]q
+  [plugins.'io.containerd.cri.v1.images'.registry]
+    config_path = %[8]q
+
+[plugins.'io.containerd.cri.v1.runtime']
+  enable_selinux = false
+  disable_apparmor = true
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = 'runc'
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = 'io.containerd.runc.v2'
+      sandboxer = 'podsandbox'
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = %[9]q
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.crisp-shim]
+      runtime_type = 'io.containerd.crisp.v1'
+      sandboxer = 'shim'
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.crisp-pod]
+      runtime_type = 'io.containerd.crisp.v1'
+      sandboxer = 'podsandbox'
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ['/usr/lib/cni']
+    conf_dir = %[10]q
+
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = '127.0.0.1'
+  stream_server_port = '0'
+`
+
+// ctrdPauseImage is bench's static pause (bench/pause/pause.c) as an image: containerd's
+// podsandbox runs it as each pod's sandbox container.
+func ctrdPauseImage(t *testing.T) v1.Image {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "pause")
+	if b, err := exec.Command("gcc", "-static", "-Os", "-s", "-o", out, "../bench/pause/pause.c").CombinedOutput(); err != nil {
+		t.Fatalf("build pause: %v\n%s", err, b)
+	}
+	bin, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return imagetest.NewImage(t, imagetest.ImageOptions{Config: v1.Config{Entrypoint: []string{"/pause"}}},
+		imagetest.NewLayer(t, imagetest.OCI, imagetest.Gzip, imagetest.Executable("pause", bin)))
+}
+
+func (c *ctrd) start(binary, cfgPath string) {
+	t := c.t
+	t.Helper()
+	logf, err := os.OpenFile(c.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(binary, "--config", cfgPath)
+	cmd.Env = append(os.Environ(), "PATH="+c.pathEnv)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c.cmd = cmd
+	c.done = make(chan struct{})
+	go func() { _ = cmd.Wait(); close(c.done) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if conn, err := net.Dial("unix", c.socket); err == nil {
+			conn.Close()
+			break
+		}
+		select {
+		case <-c.done:
+			t.Fatalf("containerd exited at start; log:\n%s", c.logTail(8000))
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("containerd did not open %s; log:\n%s", c.socket, c.logTail(8000))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	conn, err := grpc.NewClient("unix://"+c.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.conn = conn
+	c.rt = cri.NewRuntimeServiceClient(conn)
+	c.img = cri.NewImageServiceClient(conn)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		st, err := c.rt.Status(ctx, &cri.StatusRequest{})
+		cancel()
+		if err == nil && ctrdNetworkReady(st) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("containerd's CRI is not ready: %v %v; log:\n%s", st, err, c.logTail(8000))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func ctrdNetworkReady(st *cri.StatusResponse) bool {
+	ready := 0
+	for _, cond := range st.GetStatus().GetConditions() {
+		// ContainerdHasNoDeprecationWarnings is false on this cgroup v1 host.
+		if (cond.Type == cri.RuntimeReady || cond.Type == cri.NetworkReady) && cond.Status {
+			ready++
+		}
+	}
+	return ready == 2
+}
+
+func (c *ctrd) logTail(n int) string {
+	b, _ := os.ReadFile(c.logPath)
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
+
+// shimLogs returns the shim logs still in the task bundles (crisp's shim writes
+// shim.log into its bundle; containerd's runc shim logs to containerd's log).
+func (c *ctrd) shimLogs() string {
+	var sb strings.Builder
+	_ = filepath.Walk(c.state, func(p string, info os.FileInfo, err error) error {
+		if err == nil && info.Name() == "shim.log" && info.Mode().IsRegular() {
+			b, _ := os.ReadFile(p)
+			if len(b) > 6000 {
+				b = b[len(b)-6000:]
+			}
+			fmt.Fprintf(&sb, "--- %s\n%s\n", p, b)
+		}
+		return nil
+	})
+	return sb.String()
+}
+
+// processes lists the processes this containerd started that are still there: shims
+// (their command line names the containerd socket or a bundle below c.dir) and
+// whatever runs in the test's cgroup parent (pause, containers).
+func (c *ctrd) processes() []string {
+	pids := map[int]bool{}
+	dirs, _ := os.ReadDir("/proc")
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil || pid == os.Getpid() || (c.cmd != nil && pid == c.cmd.Process.Pid) {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", d.Name(), "cmdline"))
+		if strings.Contains(string(cmdline), c.dir+"/") {
+			pids[pid] = true
+		}
+	}
+	for _, ctrl := range append(cgroupControllers(), "unified") {
+		_ = filepath.Walk(filepath.Join("/sys/fs/cgroup", ctrl, c.cgroup), func(p string, info os.FileInfo, err error) error {
+			if err == nil && info.Name() == "cgroup.procs" {
+				b, _ := os.ReadFile(p)
+				for _, f := range strings.Fields(string(b)) {
+					if pid, err := strconv.Atoi(f); err == nil {
+						pids[pid] = true
+					}
+				}
+			}
+			return nil
+		})
+	}
+	var out []string
+	for pid := range pids {
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+		out = append(out, fmt.Sprintf("%d:%s", pid, strings.TrimSpace(strings.ReplaceAll(string(cmdline), "\x00", " "))))
+	}
+	sort.Strings(out)
+	return out
+}
+
+// leftovers lists what is left of pods once containerd says none is there: processes,
+// mounts below the test's dirs (rootfs, shm, netns pins), network namespaces, cgroups,
+// veths, IP reservations, shim sockets and task bundles.
+func (c *ctrd) leftovers() []string {
+	var out []string
+	for _, p := range c.processes() {
+		out = append(out, "process "+p)
+	}
+	for _, m := range mountsUnder(c.dir) {
+		out = append(out, "mount "+m)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(c.state, "netns")); len(entries) > 0 {
+		for _, e := range entries {
+			out = append(out, "netns "+e.Name())
+		}
+	}
+	for _, ctrl := range append(cgroupControllers(), "unified") {
+		entries, _ := os.ReadDir(filepath.Join("/sys/fs/cgroup", ctrl, c.cgroup))
+		for _, e := range entries {
+			if e.IsDir() {
+				out = append(out, "cgroup "+filepath.Join(ctrl, c.cgroup, e.Name()))
+			}
+		}
+	}
+	if b, _ := exec.Command("ip", "-o", "link", "show", "master", c.bridge).Output(); len(strings.TrimSpace(string(b))) > 0 {
+		out = append(out, "veths "+strings.TrimSpace(string(b)))
+	}
+	_ = filepath.Walk(c.ipam, func(p string, info os.FileInfo, err error) error {
+		if err == nil && !info.IsDir() && net.ParseIP(info.Name()) != nil {
+			out = append(out, "ip "+info.Name())
+		}
+		return nil
+	})
+	if entries, _ := os.ReadDir(c.sockDir); len(entries) > 0 {
+		for _, e := range entries {
+			out = append(out, "shim socket "+e.Name())
+		}
+	}
+	for _, d := range []string{"io.containerd.runtime.v2.task/k8s.io", "io.containerd.runtime.v2.shim/k8s.io"} {
+		entries, _ := os.ReadDir(filepath.Join(c.state, d))
+		for _, e := range entries {
+			out = append(out, "bundle "+filepath.Join(d, e.Name()))
+		}
+	}
+	return out
+}
+
+// assertClean waits up to `within` for every pod trace to go.
+func (c *ctrd) assertClean(t *testing.T, within time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if pods, err := c.rt.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{}); err != nil || len(pods.Items) > 0 {
+		t.Errorf("containerd still lists pods: %v %v", pods.GetItems(), err)
+	}
+	if ctrs, err := c.rt.ListContainers(ctx, &cri.ListContainersRequest{}); err != nil || len(ctrs.Containers) > 0 {
+		t.Errorf("containerd still lists containers: %v %v", ctrs.GetContainers(), err)
+	}
+	deadline := time.Now().Add(within)
+	for {
+		left := c.leftovers()
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("left after RemovePodSandbox:\n  %s%s", strings.Join(left, "\n  "), leftShimLogs(left))
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// leftShimLogs returns the end of the logs that left-over shims still hold open (a
+// shim's bundle, with its shim.log, is gone once containerd deleted the task).
+func leftShimLogs(left []string) string {
+	var sb strings.Builder
+	for _, l := range left {
+		pid, _, ok := strings.Cut(strings.TrimPrefix(l, "process "), ":")
+		if !ok || !strings.HasPrefix(l, "process ") {
+			continue
+		}
+		fds, _ := os.ReadDir(filepath.Join("/proc", pid, "fd"))
+		for _, fd := range fds {
+			p := filepath.Join("/proc", pid, "fd", fd.Name())
+			if target, _ := os.Readlink(p); strings.Contains(target, "shim.log") {
+				b, _ := os.ReadFile(p)
+				if len(b) > 3000 {
+					b = b[len(b)-3000:]
+				}
+				fmt.Fprintf(&sb, "\n--- log of shim %s (%s):\n%s", pid, target, b)
+				break
+			}
+		}
+	}
+	return sb.String()
+}
+
+// cleanup removes every trace, also after a failed test: pods through the CRI, then
+// containerd, then whatever its shims left (killed by pid), mounts, the bridge,
+// cgroups and the directory.
+func (c *ctrd) cleanup() {
+	t := c.t
+	if t.Failed() || os.Getenv("CRISP_E2E_LOG") != "" {
+		if logs := c.shimLogs(); logs != "" {
+			t.Logf("shim logs:\n%s", logs)
+		}
+	}
+	if c.conn != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		if resp, err := c.rt.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{}); err == nil {
+			for _, p := range resp.Items {
+				_, _ = c.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: p.Id})
+				_, _ = c.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: p.Id})
+			}
+		}
+		cancel()
+		c.conn.Close()
+	}
+	if t.Failed() || os.Getenv("CRISP_E2E_LOG") != "" {
+		t.Logf("containerd log (%s), last 30000 bytes:\n%s", c.logPath, c.logTail(30000))
+	}
+	// CRISP_CTRD_KEEP_LOG=FILE keeps the whole containerd log.
+	if keep := os.Getenv("CRISP_CTRD_KEEP_LOG"); keep != "" {
+		if b, err := os.ReadFile(c.logPath); err == nil {
+			_ = os.WriteFile(keep, b, 0o600)
+		}
+	}
+	if c.cmd != nil {
+		_ = c.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-c.done:
+		case <-time.After(20 * time.Second):
+			_ = c.cmd.Process.Kill()
+			<-c.done
+		}
+	}
+	for _, p := range c.processes() {
+		if pid, err := strconv.Atoi(strings.SplitN(p, ":", 2)[0]); err == nil {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	for _, m := range mountsUnder(c.dir) {
+		_ = syscall.Unmount(m, syscall.MNT_DETACH)
+	}
+	_ = exec.Command("ip", "link", "del", c.bridge).Run()
+	for _, ctrl := range append(cgroupControllers(), "unified") {
+		base := filepath.Join("/sys/fs/cgroup", ctrl, c.cgroup)
+		var dirs []string
+		_ = filepath.Walk(base, func(p string, info os.FileInfo, err error) error {
+			if err == nil && info.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			_ = os.Remove(dirs[i])
+		}
+	}
+	os.RemoveAll(c.dir)
+}
+
+func (c *ctrd) podConfig(name string) *cri.PodSandboxConfig {
+	return &cri.PodSandboxConfig{
+		Metadata:     &cri.PodSandboxMetadata{Name: name, Namespace: "e2e", Uid: "uid-" + name},
+		Hostname:     name,
+		LogDirectory: filepath.Join(c.dir, "logs", name),
+		Labels:       map[string]string{"app": "e2e-containerd"},
+		Linux: &cri.LinuxPodSandboxConfig{
+			CgroupParent: c.cgroup,
+			SecurityContext: &cri.LinuxSandboxSecurityContext{
+				NamespaceOptions: &cri.NamespaceOption{},
+			},
+		},
+	}
+}
+
+func (c *ctrd) ctrConfig(name string, cmd ...string) *cri.ContainerConfig {
+	return &cri.ContainerConfig{
+		Metadata: &cri.ContainerMetadata{Name: name},
+		Image:    &cri.ImageSpec{Image: c.busybox},
+		Command:  cmd,
+		LogPath:  name + ".log",
+		Linux:    &cri.LinuxContainerConfig{SecurityContext: &cri.LinuxContainerSecurityContext{}},
+	}
+}
+
+func (c *ctrd) createStart(ctx context.Context, podID string, pod *cri.PodSandboxConfig, cfg *cri.ContainerConfig) (string, error) {
+	resp, err := c.rt.CreateContainer(ctx, &cri.CreateContainerRequest{PodSandboxId: podID, Config: cfg, SandboxConfig: pod})
+	if err != nil {
+		return "", fmt.Errorf("CreateContainer %s: %w", cfg.Metadata.Name, err)
+	}
+	if _, err := c.rt.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
+		return resp.ContainerId, fmt.Errorf("StartContainer %s: %w", cfg.Metadata.Name, err)
+	}
+	return resp.ContainerId, nil
+}
+
+func (c *ctrd) waitExit(ctx context.Context, t *testing.T, id string, within time.Duration) *cri.ContainerStatus {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		resp, err := c.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: id})
+		if err != nil {
+			t.Fatalf("ContainerStatus %s: %v", id, err)
+		}
+		if resp.Status.State == cri.ContainerState_CONTAINER_EXITED {
+			return resp.Status
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("container %s still %v after %v", id, resp.Status.State, within)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// ctrdWaitLog waits until the CRI log at path has want (containerd copies the output from
+// FIFOs, after the exit event).
+func ctrdWaitLog(t *testing.T, path, want string, within time.Duration) []string {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		if b, err := os.ReadFile(path); err == nil && strings.Count(string(b), "\n") >= strings.Count(want, "|")+1 {
+			lines := logLines(t, path)
+			sort.Strings(lines)
+			if strings.Join(lines, "|") == want || time.Now().After(deadline) {
+				return lines
+			}
+		} else if time.Now().After(deadline) {
+			b, _ := os.ReadFile(path)
+			t.Errorf("log %s: %q (%v), want %q", path, b, err, want)
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestE2EContainerd runs containerd 2.4.2 with crisp's shim under two sandboxers and
+// containerd's runc shim, drives each through containerd's CRI socket with the CRI
+// client (pod ready, container running, exec, logs, exit code, OOM reason, stats,
+// stop, remove, nothing left behind) and measures pod start (RunPodSandbox +
+// CreateContainer + StartContainer) p50 per handler.
+func TestE2EContainerd(t *testing.T) {
+	c := newContainerd(t)
+	ctx := ctxT(t)
+	v, err := c.rt.Version(ctx, &cri.VersionRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s %s (CRI %s)", v.RuntimeName, v.RuntimeVersion, v.RuntimeApiVersion)
+	if !strings.Contains(v.RuntimeVersion, containerdVersion) {
+		t.Errorf("containerd version %q, want %s", v.RuntimeVersion, containerdVersion)
+	}
+	for _, ref := range []string{c.busybox, c.pause} {
+		if _, err := c.img.PullImage(ctx, &cri.PullImageRequest{Image: &cri.ImageSpec{Image: ref}}); err != nil {
+			t.Fatalf("pull %s: %v\n%s", ref, err, c.logTail(4000))
+		}
+	}
+	for _, h := range ctrdHandlers {
+		t.Run(h, func(t *testing.T) { c.lifecycle(t, h) })
+	}
+	t.Run("podstart", func(t *testing.T) {
+		p50 := map[string]time.Duration{}
+		for _, h := range ctrdHandlers {
+			d, err := c.podStartP50(h, 2, 10)
+			if err != nil {
+				t.Errorf("%s: %v", h, err)
+				continue
+			}
+			p50[h] = d
+		}
+		var parts []string
+		for _, h := range ctrdHandlers {
+			if d, ok := p50[h]; ok {
+				s := fmt.Sprintf("%s %.1f ms", h, float64(d.Microseconds())/1000)
+				if r, ok := p50["runc"]; ok && h != "runc" && r > 0 {
+					s += fmt.Sprintf(" (%.2fx runc)", float64(d)/float64(r))
+				}
+				parts = append(parts, s)
+			}
+		}
+		t.Logf("containerd %s pod start p50 (RunPodSandbox+CreateContainer+StartContainer, 10 runs after 2 warm-ups): %s",
+			containerdVersion, strings.Join(parts, ", "))
+		c.assertClean(t, 20*time.Second)
+	})
+}
+
+// lifecycle runs one pod through every CRI verb crictl uses on it.
+func (c *ctrd) lifecycle(t *testing.T, handler string) {
+	ctx := ctxT(t)
+	name := "life-" + handler
+	pod := c.podConfig(name)
+	resp, err := c.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: pod, RuntimeHandler: handler})
+	if err != nil {
+		t.Fatalf("RunPodSandbox: %v", err)
+	}
+	podID := resp.PodSandboxId
+	removed := false
+	defer func() {
+		if !removed {
+			_, _ = c.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: podID})
+			_, _ = c.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: podID})
+		}
+	}()
+	ps, err := c.rt.PodSandboxStatus(ctx, &cri.PodSandboxStatusRequest{PodSandboxId: podID})
+	if err != nil {
+		t.Fatalf("PodSandboxStatus: %v", err)
+	}
+	if ps.Status.State != cri.PodSandboxState_SANDBOX_READY || ps.Status.RuntimeHandler != handler {
+		t.Errorf("pod state %v handler %q, want ready %q", ps.Status.State, ps.Status.RuntimeHandler, handler)
+	}
+	_, subnet, _ := net.ParseCIDR(c.subnet)
+	if ip := net.ParseIP(ps.Status.GetNetwork().GetIp()); ip == nil || !subnet.Contains(ip) {
+		t.Errorf("pod IP %q, want one in %s", ps.Status.GetNetwork().GetIp(), c.subnet)
+	}
+
+	// A long-running container: running, exec, stats, stop.
+	cfg := c.ctrConfig("top", "sh", "-c", "trap 'exit 0' TERM; echo started; while true; do sleep 1; done")
+	top, err := c.createStart(ctx, podID, pod, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := c.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: top})
+	if err != nil {
+		t.Fatalf("ContainerStatus: %v", err)
+	}
+	if cs.Status.State != cri.ContainerState_CONTAINER_RUNNING {
+		t.Errorf("container state %v, want running", cs.Status.State)
+	}
+	ex, err := c.rt.ExecSync(ctx, &cri.ExecSyncRequest{ContainerId: top, Cmd: []string{"sh", "-c", "echo out; echo err >&2; hostname"}, Timeout: 10})
+	if err != nil {
+		t.Errorf("ExecSync: %v", err)
+	} else if string(ex.Stdout) != "out\n"+name+"\n" || string(ex.Stderr) != "err\n" || ex.ExitCode != 0 {
+		t.Errorf("ExecSync: stdout %q stderr %q code %d", ex.Stdout, ex.Stderr, ex.ExitCode)
+	}
+	if ex, err := c.rt.ExecSync(ctx, &cri.ExecSyncRequest{ContainerId: top, Cmd: []string{"sh", "-c", "exit 5"}, Timeout: 10}); err != nil || ex.ExitCode != 5 {
+		t.Errorf("ExecSync exit 5: %v %v", ex, err)
+	}
+	// containerd collects stats in the background (stats_collect_period): poll.
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		st, err := c.rt.ContainerStats(ctx, &cri.ContainerStatsRequest{ContainerId: top})
+		if err == nil && st.Stats.GetMemory().GetWorkingSetBytes().GetValue() > 0 && st.Stats.GetCpu() != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("ContainerStats: %v %v", st, err)
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if st, err := c.rt.ListContainerStats(ctx, &cri.ListContainerStatsRequest{Filter: &cri.ContainerStatsFilter{PodSandboxId: podID}}); err != nil || len(st.Stats) != 1 {
+		t.Errorf("ListContainerStats: %v %v", st, err)
+	}
+	if st, err := c.rt.PodSandboxStats(ctx, &cri.PodSandboxStatsRequest{PodSandboxId: podID}); err != nil || st.Stats.GetLinux().GetMemory() == nil {
+		t.Errorf("PodSandboxStats: %v %v", st, err)
+	}
+	if _, err := c.rt.StopContainer(ctx, &cri.StopContainerRequest{ContainerId: top, Timeout: 10}); err != nil {
+		t.Errorf("StopContainer: %v", err)
+	}
+	if cs, err := c.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: top}); err != nil ||
+		cs.Status.State != cri.ContainerState_CONTAINER_EXITED || cs.Status.ExitCode != 0 {
+		t.Errorf("after StopContainer: %v %v", cs.GetStatus(), err)
+	}
+	ctrdWaitLog(t, filepath.Join(pod.LogDirectory, "top.log"), "stdout started", 5*time.Second)
+
+	// Exit code and logs.
+	id, err := c.createStart(ctx, podID, pod, c.ctrConfig("exits", "sh", "-c", "echo hello; echo oops >&2; exit 3"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := c.waitExit(ctx, t, id, 15*time.Second)
+	if st.ExitCode != 3 || st.Reason != "Error" {
+		t.Errorf("exits: code %d reason %q, want 3 Error", st.ExitCode, st.Reason)
+	}
+	if lines := ctrdWaitLog(t, st.LogPath, "stderr oops|stdout hello", 5*time.Second); strings.Join(lines, "|") != "stderr oops|stdout hello" {
+		t.Errorf("exits: log %q", lines)
+	}
+
+	// OOM kill.
+	cfg = c.ctrConfig("hog", "sh", "-c", "x=aaaaaaaaaaaaaaaa; while true; do x=$x$x; done")
+	cfg.Linux.Resources = &cri.LinuxContainerResources{MemoryLimitInBytes: 32 << 20}
+	id, err = c.createStart(ctx, podID, pod, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st = c.waitExit(ctx, t, id, 30*time.Second)
+	if st.Reason != "OOMKilled" || st.ExitCode != 137 {
+		t.Errorf("hog: reason %q exit %d, want OOMKilled 137", st.Reason, st.ExitCode)
+	}
+
+	// Remove the containers, then the pod.
+	list, err := c.rt.ListContainers(ctx, &cri.ListContainersRequest{Filter: &cri.ContainerFilter{PodSandboxId: podID}})
+	if err != nil || len(list.Containers) != 3 {
+		t.Errorf("ListContainers: %v %v", list, err)
+	}
+	for _, ctr := range list.GetContainers() {
+		if _, err := c.rt.RemoveContainer(ctx, &cri.RemoveContainerRequest{ContainerId: ctr.Id}); err != nil {
+			t.Errorf("RemoveContainer %s: %v", ctr.Metadata.Name, err)
+		}
+	}
+	if _, err := c.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: podID}); err != nil {
+		t.Errorf("StopPodSandbox: %v", err)
+	}
+	if ps, err := c.rt.PodSandboxStatus(ctx, &cri.PodSandboxStatusRequest{PodSandboxId: podID}); err != nil || ps.Status.State != cri.PodSandboxState_SANDBOX_NOTREADY {
+		t.Errorf("after StopPodSandbox: %v %v", ps.GetStatus().GetState(), err)
+	}
+	if _, err := c.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: podID}); err != nil {
+		t.Errorf("RemovePodSandbox: %v", err)
+	}
+	removed = true
+	c.assertClean(t, 20*time.Second)
+}
+
+// podStartP50 times RunPodSandbox + CreateContainer + StartContainer of one sleeping
+// container, `runs` times after `warm` untimed runs; each pod is removed untimed.
+func (c *ctrd) podStartP50(handler string, warm, runs int) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var times []time.Duration
+	for i := range warm + runs {
+		pod := c.podConfig(fmt.Sprintf("start-%s-%d", handler, i))
+		t0 := time.Now()
+		resp, err := c.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: pod, RuntimeHandler: handler})
+		if err != nil {
+			return 0, fmt.Errorf("RunPodSandbox: %w", err)
+		}
+		_, err = c.createStart(ctx, resp.PodSandboxId, pod, c.ctrConfig("sleep", "sleep", "3600"))
+		d := time.Since(t0)
+		if _, serr := c.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: resp.PodSandboxId}); serr != nil && err == nil {
+			err = fmt.Errorf("StopPodSandbox: %w", serr)
+		}
+		if _, rerr := c.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: resp.PodSandboxId}); rerr != nil && err == nil {
+			err = fmt.Errorf("RemovePodSandbox: %w", rerr)
+		}
+		if err != nil {
+			return 0, err
+		}
+		if i >= warm {
+			times = append(times, d)
+		}
+	}
+	sort.Slice(times, func(i, j int) bool { return times[i] < times[j] })
+	return times[(len(times)-1)/2], nil
+}
