@@ -134,6 +134,11 @@ func (s *Service) CreateSandbox(ctx context.Context, req *sandboxapi.CreateSandb
 	if err != nil {
 		return nil, err
 	}
+	if n := len(req.GetRootfs()); n > 0 {
+		// The pause process is this binary; there is no sandbox image to mount
+		// (containerd's shim sandboxer sends none either).
+		s.log.Warn("CreateSandbox rootfs mounts ignored", "mounts", n)
+	}
 	spec, err := buildSpec(req.GetSandboxID(), req.GetNetnsPath(), opts)
 	if err != nil {
 		return nil, err
