@@ -377,6 +377,28 @@ func (c *ctrd) processes() []string {
 	return out
 }
 
+// shims lists the running shims of this containerd as "binary pod-or-task-id".
+func (c *ctrd) shims() []string {
+	var out []string
+	dirs, _ := os.ReadDir("/proc")
+	for _, d := range dirs {
+		b, _ := os.ReadFile(filepath.Join("/proc", d.Name(), "cmdline"))
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if len(args) < 2 || !strings.HasPrefix(filepath.Base(args[0]), "containerd-shim-") || !strings.Contains(string(b), c.dir+"/") {
+			continue
+		}
+		id := ""
+		for i, a := range args[:len(args)-1] {
+			if a == "-id" {
+				id = args[i+1]
+			}
+		}
+		out = append(out, filepath.Base(args[0])+" "+id)
+	}
+	sort.Strings(out)
+	return out
+}
+
 // leftovers lists what is left of pods once containerd says none is there: processes,
 // mounts below the test's dirs (rootfs, shm, netns pins), network namespaces, cgroups,
 // veths, IP reservations, shim sockets and task bundles.
@@ -725,6 +747,20 @@ func (c *ctrd) lifecycle(t *testing.T, handler string) {
 	}
 	if ex, err := c.rt.ExecSync(ctx, &cri.ExecSyncRequest{ContainerId: top, Cmd: []string{"sh", "-c", "exit 5"}, Timeout: 10}); err != nil || ex.ExitCode != 5 {
 		t.Errorf("ExecSync exit 5: %v %v", ex, err)
+	}
+	// The container is in the pod's network namespace (its IP)...
+	if ex, err := c.rt.ExecSync(ctx, &cri.ExecSyncRequest{ContainerId: top, Cmd: []string{"ip", "-o", "-4", "addr", "show", "eth0"}, Timeout: 10}); err != nil ||
+		!strings.Contains(string(ex.Stdout), " "+ps.Status.GetNetwork().GetIp()+"/") {
+		t.Errorf("container's eth0 %q (%v), want the pod IP %s", ex.GetStdout(), err, ps.Status.GetNetwork().GetIp())
+	}
+	// ... and the pod runs one shim, started for the pod, which containerd gives the
+	// pod's containers too (through the task API: bootstrap version 3).
+	want := map[string]string{"runc": "containerd-shim-runc-v2"}[handler]
+	if want == "" {
+		want = "containerd-shim-crisp-v1"
+	}
+	if shims := c.shims(); len(shims) != 1 || shims[0] != want+" "+podID {
+		t.Errorf("shims %q, want one %s for pod %s", shims, want, podID)
 	}
 	// containerd collects stats in the background (stats_collect_period): poll.
 	deadline := time.Now().Add(15 * time.Second)
