@@ -220,6 +220,8 @@ oom_score = 0
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.crisp-shim]
       runtime_type = 'io.containerd.crisp.v1'
       sandboxer = 'shim'
+      # crisp's shim has its pause built in.
+      disable_pause_image_pull = true
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.crisp-pod]
       runtime_type = 'io.containerd.crisp.v1'
       sandboxer = 'podsandbox'
