@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -429,7 +430,7 @@ func (s *Service) watchOOM(lc *libcontainer.Container, log *slog.Logger) *oomWat
 
 func unpackOptions(a *anypb.Any) (*optionsv1.ContainerOptions, error) {
 	opts := &optionsv1.ContainerOptions{}
-	if a == nil || a.GetTypeUrl() == "" {
+	if a == nil || a.GetTypeUrl() == "" || isRuncOptions(a.GetTypeUrl()) {
 		return opts, nil
 	}
 	if !a.MessageIs(opts) {
@@ -439,6 +440,18 @@ func unpackOptions(a *anypb.Any) (*optionsv1.ContainerOptions, error) {
 		return nil, invalid("decode options: %v", err)
 	}
 	return opts, nil
+}
+
+// runcOptionsName is containerd's runc shim options message. containerd 2.x sends it
+// with every container it creates in a shim sandbox, carrying only the task API
+// address and version of that same shim (client WithTaskAPIEndpoint): nothing this shim
+// needs, so it stands for "no options".
+const runcOptionsName = "containerd.runc.v1.Options"
+
+// isRuncOptions reports whether typeURL names containerd's runc options, with or
+// without a URL prefix.
+func isRuncOptions(typeURL string) bool {
+	return typeURL == runcOptionsName || strings.HasSuffix(typeURL, "/"+runcOptionsName)
 }
 
 // validID accepts what libcontainer accepts as a container id, bounded in length.

@@ -12,10 +12,12 @@ import (
 	"testing"
 	"time"
 
+	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/opencontainers/cgroups"
 	"github.com/opencontainers/runc/libcontainer"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/types/known/anypb"
 )
 
 func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -323,5 +325,37 @@ func TestProcessStates(t *testing.T) {
 	st, code, exitedAt := p.state()
 	if st.String() != "STOPPED" || code != 137 || !exitedAt.Equal(at.UTC()) || !p.exited() {
 		t.Errorf("after exit = %v %d %v", st, code, exitedAt)
+	}
+}
+
+// containerd 2.x sends its runc options (the task API address) with every container it
+// creates in a shim sandbox: they stand for no options, anything else foreign is refused.
+func TestUnpackOptions(t *testing.T) {
+	own, err := anypb.New(&optionsv1.ContainerOptions{LogPath: "/var/log/pods/x/0.log"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		in      *anypb.Any
+		wantLog string
+		wantErr bool
+	}{
+		{"none", nil, "", false},
+		{"crisp's", own, "/var/log/pods/x/0.log", false},
+		{"containerd runc options", &anypb.Any{TypeUrl: "containerd.runc.v1.Options", Value: []byte{0x7a, 0x03, 'a', 'b', 'c'}}, "", false},
+		{"runc options with a prefix", &anypb.Any{TypeUrl: "type.googleapis.com/containerd.runc.v1.Options"}, "", false},
+		{"something else", &anypb.Any{TypeUrl: "example.com/Other"}, "", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := unpackOptions(tt.in)
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("err = %v, wantErr %v", err, tt.wantErr)
+			}
+			if err == nil && got.GetLogPath() != tt.wantLog {
+				t.Fatalf("log path %q, want %q", got.GetLogPath(), tt.wantLog)
+			}
+		})
 	}
 }
