@@ -104,6 +104,13 @@ func Serve(ctx context.Context, f Flags, log *slog.Logger) error {
 		Logger:    log,
 		Reaper:    r,
 		Events:    pub,
+		OnIdleShutdown: func() {
+			if !svc.Created() {
+				log.Info("task Shutdown with no task left and no sandbox: exiting")
+				removeSocket()
+				exitOnce.Do(func() { close(exit) })
+			}
+		},
 	})
 	if err != nil {
 		l.Close()

@@ -514,3 +514,10 @@ func Cleanup(ctx context.Context, dir string, log *slog.Logger) (Exit, error) {
 	}
 	return Exit{Pid: uint32(st.PausePid), Status: *st.ExitStatus, ExitedAt: *st.ExitedAt}, errors.Join(errs...)
 }
+
+// Created tells whether CreateSandbox made a sandbox on this shim.
+func (s *Service) Created() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sb != nil
+}

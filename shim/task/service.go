@@ -55,6 +55,11 @@ type Config struct {
 	Reaper    Reaper
 	// Events receives containerd's task events; nil publishes none.
 	Events *events.Publisher
+	// OnIdleShutdown is called by a task Shutdown that finds no container left. The
+	// shim exits then unless it serves a sandbox (CreateSandbox): under containerd's
+	// podsandbox, and with task-only callers, the shim's life is its tasks', as with
+	// containerd-shim-runc-v2.
+	OnIdleShutdown func()
 }
 
 // Service implements containerd.task.v3.Task (and, registered by Register, task v2 and
@@ -65,6 +70,7 @@ type Service struct {
 	log       *slog.Logger
 	reaper    Reaper
 	events    *events.Publisher
+	onIdle    func()
 
 	mu         sync.Mutex
 	containers map[string]*container
@@ -102,6 +108,7 @@ func New(cfg Config) (*Service, error) {
 		log:        log,
 		reaper:     cfg.Reaper,
 		events:     cfg.Events,
+		onIdle:     cfg.OnIdleShutdown,
 		containers: map[string]*container{},
 		reserved:   map[string]struct{}{},
 	}, nil
@@ -912,6 +919,14 @@ func (s *Service) Connect(ctx context.Context, req *taskv3.ConnectRequest) (*tas
 // Shutdown does nothing: the shim's life belongs to the pod, and ShutdownSandbox ends it.
 // containerd calls Shutdown after deleting a task; exiting then would kill the pod.
 func (s *Service) Shutdown(ctx context.Context, req *taskv3.ShutdownRequest) (*emptypb.Empty, error) {
+	s.mu.Lock()
+	idle := len(s.containers) == 0 && len(s.reserved) == 0
+	s.mu.Unlock()
+	if idle && s.onIdle != nil {
+		// After the reply: exiting first would cut it off.
+		context.AfterFunc(ctx, s.onIdle)
+		return &emptypb.Empty{}, nil
+	}
 	s.log.Debug("task Shutdown ignored: the sandbox owns the shim's lifetime")
 	return &emptypb.Empty{}, nil
 }

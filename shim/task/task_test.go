@@ -2,6 +2,7 @@ package task
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"log/slog"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	taskv3 "github.com/crisp-runtime/crisp/api/containerd/task/v3"
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/opencontainers/cgroups"
 	"github.com/opencontainers/runc/libcontainer"
@@ -357,5 +359,47 @@ func TestUnpackOptions(t *testing.T) {
 				t.Fatalf("log path %q, want %q", got.GetLogPath(), tt.wantLog)
 			}
 		})
+	}
+}
+
+// nopReaper runs starts directly; for tests that start no process.
+type nopReaper struct{}
+
+func (nopReaper) StartFunc(start func() ([]int, error)) error { _, err := start(); return err }
+func (nopReaper) Forget(int)                                  {}
+
+// A task Shutdown ends the shim only when no task is left or being created (as
+// containerd's podsandbox expects of a task shim), and only after its reply.
+func TestShutdownWhenIdle(t *testing.T) {
+	for _, busy := range []bool{false, true} {
+		called := make(chan struct{}, 1)
+		s, err := New(Config{StateRoot: t.TempDir(), Reaper: nopReaper{}, Logger: discard(),
+			OnIdleShutdown: func() { called <- struct{}{} }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if busy {
+			s.reserved["c1"] = struct{}{}
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		if _, err := s.Shutdown(ctx, &taskv3.ShutdownRequest{}); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-called:
+			t.Fatalf("busy=%v: the hook ran before the request ended", busy)
+		case <-time.After(20 * time.Millisecond):
+		}
+		cancel() // the request is done: its reply is out
+		select {
+		case <-called:
+			if busy {
+				t.Fatal("a shim still creating a container shut down")
+			}
+		case <-time.After(time.Second):
+			if !busy {
+				t.Fatal("an idle shim did not shut down")
+			}
+		}
 	}
 }
