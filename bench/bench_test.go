@@ -56,7 +56,7 @@ func TestBench(t *testing.T) {
 	busybox := host + "/busybox:bench"
 	imagetest.Push(t, host, "busybox:bench", imagetest.BusyboxImage(t, imagetest.OCI, imagetest.Gzip))
 	pause := host + "/pause:bench"
-	imagetest.Push(t, host, "pause:bench", pauseImage(t))
+	imagetest.Push(t, host, "pause:bench", imagetest.PauseImage(t))
 	// Three distinct ~50 MB images of 5 random (incompressible) layers per runtime, so
 	// every timed pull is a first pull.
 	var big []string
@@ -394,20 +394,6 @@ func removeCgroups(parent string) {
 			_ = os.Remove(dirs[i])
 		}
 	}
-}
-
-// pauseImage is bench/pause/pause.c built static, as containerd's sandbox image.
-func pauseImage(t *testing.T) v1.Image {
-	out := filepath.Join(t.TempDir(), "pause")
-	if b, err := exec.Command("gcc", "-static", "-Os", "-s", "-o", out, "pause/pause.c").CombinedOutput(); err != nil {
-		t.Fatalf("build pause: %v\n%s", err, b)
-	}
-	bin, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return imagetest.NewImage(t, imagetest.ImageOptions{Config: v1.Config{Entrypoint: []string{"/pause"}}},
-		imagetest.NewLayer(t, imagetest.OCI, imagetest.Gzip, imagetest.Executable("pause", bin)))
 }
 
 // bigImage is ~50 MB in 5 layers of random data, distinct per seed.

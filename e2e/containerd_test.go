@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -122,7 +121,7 @@ func newContainerd(t *testing.T) *ctrd {
 	// Images: busybox for the containers, a static pause for containerd's podsandbox.
 	host := imagetest.StartRegistry(t)
 	imagetest.Push(t, host, "busybox:ctrd", imagetest.BusyboxImage(t, imagetest.OCI, imagetest.Gzip))
-	imagetest.Push(t, host, "pause:ctrd", ctrdPauseImage(t))
+	imagetest.Push(t, host, "pause:ctrd", imagetest.PauseImage(t))
 	c.busybox, c.pause = host+"/busybox:ctrd", host+"/pause:ctrd"
 	// The test registry speaks plain HTTP: a hosts.toml says so (the transfer service
 	// containerd 2.1+ pulls with reads only config_path, not the deprecated mirrors).
@@ -234,22 +233,6 @@ oom_score = 0
   stream_server_address = '127.0.0.1'
   stream_server_port = '0'
 `
-
-// ctrdPauseImage is bench's static pause (bench/pause/pause.c) as an image: containerd's
-// podsandbox runs it as each pod's sandbox container.
-func ctrdPauseImage(t *testing.T) v1.Image {
-	t.Helper()
-	out := filepath.Join(t.TempDir(), "pause")
-	if b, err := exec.Command("gcc", "-static", "-Os", "-s", "-o", out, "../bench/pause/pause.c").CombinedOutput(); err != nil {
-		t.Fatalf("build pause: %v\n%s", err, b)
-	}
-	bin, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return imagetest.NewImage(t, imagetest.ImageOptions{Config: v1.Config{Entrypoint: []string{"/pause"}}},
-		imagetest.NewLayer(t, imagetest.OCI, imagetest.Gzip, imagetest.Executable("pause", bin)))
-}
 
 func (c *ctrd) start(binary, cfgPath string) {
 	t := c.t
