@@ -53,8 +53,19 @@ type Config struct {
 	Image ImageConfig `toml:"image"`
 	// Streaming configures the exec/attach/port-forward HTTP server.
 	Streaming StreamingConfig `toml:"streaming"`
+	// CDI configures Container Device Interface devices.
+	CDI CDIConfig `toml:"cdi"`
 	// Runtimes maps a runtime handler (RuntimeClass) name to the shim that runs its pods.
 	Runtimes map[string]Runtime `toml:"runtimes"`
+}
+
+// CDIConfig says where CDI spec files are found. A CRI CDIDevices entry or a
+// cdi.k8s.io/ annotation names a device that one of these files describes.
+type CDIConfig struct {
+	// SpecDirs are scanned in order; a device defined in a later directory overrides
+	// the same device in an earlier one (the CDI library's priority rule). Empty
+	// turns CDI off: requests for CDI devices are then refused.
+	SpecDirs []string `toml:"spec_dirs" comment:"CDI spec directories, later ones take priority; empty turns CDI off"`
 }
 
 // StreamingConfig configures the streaming server whose URLs Exec, Attach and
@@ -150,6 +161,9 @@ func Default() Config {
 		Streaming: StreamingConfig{
 			Address:            "127.0.0.1",
 			IdleTimeoutSeconds: 14400,
+		},
+		CDI: CDIConfig{
+			SpecDirs: []string{"/etc/cdi", "/var/run/cdi"},
 		},
 		Runtimes: map[string]Runtime{
 			"runc": {Shim: "shim-runc", Namespace: "k8s.io"},
@@ -249,6 +263,9 @@ func (c Config) Validate() error {
 	if err := c.Image.validate(); err != nil {
 		return err
 	}
+	if err := c.CDI.validate(); err != nil {
+		return err
+	}
 	return c.Streaming.validate()
 }
 
@@ -272,6 +289,15 @@ func (i ImageConfig) validate() error {
 	// NaN fails both comparisons, so it is refused too.
 	if !(i.MinFreePercent >= 0 && i.MinFreePercent < 100) {
 		return fmt.Errorf("image.min_free_percent must be at least 0 (off) and below 100, got %v", i.MinFreePercent)
+	}
+	return nil
+}
+
+func (c CDIConfig) validate() error {
+	for _, d := range c.SpecDirs {
+		if !filepath.IsAbs(d) {
+			return fmt.Errorf("cdi.spec_dirs: %q must be an absolute path", d)
+		}
 	}
 	return nil
 }

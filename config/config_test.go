@@ -57,6 +57,22 @@ func TestLoad(t *testing.T) {
 				t.Errorf("runtimes = %+v", c.Runtimes)
 			}
 		}},
+		{name: "cdi spec dirs default", file: "", check: func(t *testing.T, c Config) {
+			if strings.Join(c.CDI.SpecDirs, ",") != "/etc/cdi,/var/run/cdi" {
+				t.Errorf("cdi.spec_dirs = %q", c.CDI.SpecDirs)
+			}
+		}},
+		{name: "cdi spec dirs set", file: "[cdi]\nspec_dirs = [\"/opt/cdi\"]\n", check: func(t *testing.T, c Config) {
+			if strings.Join(c.CDI.SpecDirs, ",") != "/opt/cdi" {
+				t.Errorf("cdi.spec_dirs = %q", c.CDI.SpecDirs)
+			}
+		}},
+		{name: "cdi off", file: "[cdi]\nspec_dirs = []\n", check: func(t *testing.T, c Config) {
+			if len(c.CDI.SpecDirs) != 0 {
+				t.Errorf("cdi.spec_dirs = %q", c.CDI.SpecDirs)
+			}
+		}},
+		{name: "cdi relative dir", file: "[cdi]\nspec_dirs = [\"etc/cdi\"]\n", wantErr: "cdi.spec_dirs: \"etc/cdi\" must be an absolute path"},
 		{name: "unknown key", file: "sockett = \"/x\"\n", wantErr: "unknown key"},
 		{name: "relative path", file: "root_dir = \"var/lib\"\n", wantErr: "root_dir must be an absolute path"},
 		{name: "bad driver", file: "cgroup_driver = \"cgroupv3\"\n", wantErr: "cgroup_driver"},

@@ -328,6 +328,7 @@ func (s *Service) generateSpec(id string, cfg *runtime.ContainerConfig, p *pod, 
 		TargetPid:               targetPid,
 		OOMScoreAdjFloor:        ownOOMScoreAdj(),
 		RecursiveReadOnlyMounts: s.rroSupported,
+		CDI:                     s.cdi,
 	})
 }
 

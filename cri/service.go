@@ -52,6 +52,9 @@ type Service struct {
 	// snapshots work here (probed once in New; Status advertises user_namespaces per
 	// runtime handler and RunPodSandbox refuses userns pods without it).
 	usernsSupported bool
+	// cdi resolves CDI devices from cfg.CDI.SpecDirs (nil: CDI is off); one cache for
+	// the life of the service, refreshed by the containers that request devices.
+	cdi *spec.CDI
 
 	// bg is the context of the container exit monitors; Close cancels it and waits
 	// for them (monitors), so that no monitor takes the controller's closing of its
@@ -123,7 +126,7 @@ func New(cfg config.Config, st *store.Store, ctrl *controller.Controller, net *n
 		log.Warn("user namespaces are not supported here: pods with hostUsers: false are refused and not advertised", "err", err)
 	}
 	bg, stop := context.WithCancel(context.Background())
-	return &Service{cfg: cfg, store: st, ctrl: ctrl, net: net, images: images, log: log, rroSupported: rro, usernsSupported: userns, podNames: newNameIndex("pod"), ctrNames: newNameIndex("container"), pods: map[string]*pod{}, containers: map[string]*container{},
+	return &Service{cfg: cfg, store: st, ctrl: ctrl, net: net, images: images, log: log, rroSupported: rro, usernsSupported: userns, cdi: spec.NewCDI(cfg.CDI.SpecDirs), podNames: newNameIndex("pod"), ctrNames: newNameIndex("container"), pods: map[string]*pod{}, containers: map[string]*container{},
 		bg: bg, stopBG: stop}
 }
 

@@ -297,9 +297,7 @@ func TestSecurityBasics(t *testing.T) {
 	if len(res.Warnings) != 2 {
 		t.Errorf("warnings %q: want AppArmor and SELinux", res.Warnings)
 	}
-	in.Config.CDIDevices = []*runtime.CDIDevice{{Name: "vendor.com/gpu=0"}}
-	_, err := Generate(in)
-	wantErr(t, err, isNotImplemented, "CDI devices")
+	// CDI devices: TestCDIDevices.
 }
 
 func TestSeccomp(t *testing.T) {

@@ -76,6 +76,10 @@ type Input struct {
 	// RecursiveReadOnlySupported), which the OCI "rro" option needs. Without it a
 	// recursive_read_only mount is refused rather than silently left writable below.
 	RecursiveReadOnlyMounts bool
+	// CDI resolves the container's CDI devices (CRI CDIDevices and cdi.k8s.io/
+	// annotations); nil is CDI turned off, and a container that requests a CDI
+	// device is refused.
+	CDI *CDI
 }
 
 // Result is the generated spec and what the caller reports or logs about it.
@@ -100,8 +104,9 @@ type Result struct {
 // Not mapped, on purpose: AppArmor and SELinux (crisp runs neither; a requested
 // Localhost AppArmor profile or SELinux options yield a warning), image VOLUMEs (they
 // stay ordinary directories of the writable rootfs, like CRI-O's image_volumes=ignore),
-// CDI devices (not supported: refused), and stdin/stdin_once
-// (they concern the caller's IO, not the spec).
+// and stdin/stdin_once (they concern the caller's IO, not the spec). CDI devices are
+// applied last, over the rest, as containerd's WithCDI does; an unknown one is
+// errdefs.ErrInvalidArgument.
 func Generate(in Input) (*Result, error) {
 	cfg, pod := in.Config, in.Pod
 	if cfg == nil {
@@ -129,9 +134,6 @@ func Generate(in Input) (*Result, error) {
 	}
 	if userNS != nil && privileged {
 		return nil, invalidf("privileged container %q cannot run in a user namespace", cfg.GetMetadata().GetName())
-	}
-	if len(cfg.GetCDIDevices()) > 0 {
-		return nil, notImplementedf("CDI devices are not supported (%s)", cfg.GetCDIDevices()[0].GetName())
 	}
 	var warnings []string
 
@@ -285,6 +287,9 @@ func Generate(in Input) (*Result, error) {
 	}
 	if se := sc.GetSelinuxOptions(); se.GetType() != "" || se.GetLevel() != "" || se.GetRole() != "" || se.GetUser() != "" {
 		warnings = append(warnings, "SELinux options ignored: crisp does not apply SELinux labels")
+	}
+	if err := in.CDI.injectCDI(s, cfg); err != nil {
+		return nil, err
 	}
 	return &Result{Spec: s, User: ident, Warnings: warnings}, nil
 }
