@@ -11,7 +11,9 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
 	"path"
+	"path/filepath"
 	"strings"
 
 	cgroups "github.com/containerd/cgroups/v3"
@@ -32,6 +34,9 @@ type Cgroup struct {
 	rel string
 	v1  cgroup1.Cgroup
 	v2  *cgroup2.Manager
+	// dir is the v2 cgroup's directory: cgroup2 reads the files of a removed cgroup as
+	// zeros without an error, so Read checks that it is still there.
+	dir string
 }
 
 // Path is the cgroup's path below the hierarchy roots, e.g. /crisp/crisp-<id>.
@@ -39,7 +44,8 @@ func (c *Cgroup) Path() string { return c.rel }
 
 // RelPath returns the path below the cgroup hierarchy roots of a cgroup as libcontainer
 // names it: the cgroupfs path itself, or for the systemd driver the expanded slice plus
-// "<prefix>-<name>.scope" (or name itself when it is a slice, as for a pod's parent).
+// "<prefix>-<name>.scope" (or name itself when it is a slice), or the slice itself when
+// name is empty (a pod's cgroup_parent).
 func RelPath(systemdDriver bool, cgPath, slice, prefix, name string) (string, error) {
 	if !systemdDriver {
 		if cgPath == "" || !path.IsAbs(cgPath) {
@@ -47,8 +53,9 @@ func RelPath(systemdDriver bool, cgPath, slice, prefix, name string) (string, er
 		}
 		return path.Clean(cgPath), nil
 	}
-	dir := "/"
-	if slice != "" && slice != "-.slice" {
+	// No slice is libcontainer's default, system.slice (for a non-rootless manager).
+	dir := "/system.slice"
+	if slice != "" {
 		var err error
 		if dir, err = systemd.ExpandSlice(slice); err != nil {
 			return "", fmt.Errorf("expand systemd slice %q: %w", slice, err)
@@ -57,15 +64,18 @@ func RelPath(systemdDriver bool, cgPath, slice, prefix, name string) (string, er
 	if name == "" {
 		return dir, nil
 	}
+	// libcontainer's getUnitName: a scope "<prefix>-<name>.scope" unless name is a
+	// slice, even when the prefix is empty ("-<name>.scope") or name already ends in
+	// .scope; the unit is where the cgroup is, so it must be named the same way here.
 	unit := name
-	if !strings.HasSuffix(name, ".slice") && !strings.HasSuffix(name, ".scope") {
-		if prefix != "" {
-			unit = prefix + "-" + name
-		}
-		unit += ".scope"
+	if !strings.HasSuffix(name, ".slice") {
+		unit = prefix + "-" + name + ".scope"
 	}
 	return path.Join(dir, unit), nil
 }
+
+// UnifiedMountpoint is where a unified (cgroup v2 only) host mounts its hierarchy.
+const UnifiedMountpoint = "/sys/fs/cgroup"
 
 // Load opens the cgroup at rel (below the hierarchy roots) with the hierarchy this host
 // runs: v2 when it is unified, else v1 (on a hybrid host the controllers that matter for
@@ -74,14 +84,8 @@ func Load(rel string) (*Cgroup, error) {
 	if rel == "" || !path.IsAbs(rel) {
 		return nil, fmt.Errorf("cgroup path %q is not absolute", rel)
 	}
-	c := &Cgroup{rel: rel}
 	if cgroups.Mode() == cgroups.Unified {
-		m, err := cgroup2.Load(rel)
-		if err != nil {
-			return nil, fmt.Errorf("load cgroup %s: %w", rel, err)
-		}
-		c.v2 = m
-		return c, nil
+		return LoadV2(UnifiedMountpoint, rel)
 	}
 	cg, err := cgroup1.Load(cgroup1.StaticPath(rel))
 	if errors.Is(err, cgroup1.ErrCgroupDeleted) {
@@ -90,8 +94,37 @@ func Load(rel string) (*Cgroup, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load cgroup %s: %w", rel, err)
 	}
-	c.v1 = cg
+	return &Cgroup{rel: rel, v1: cg}, nil
+}
+
+// LoadV2 opens the cgroup v2 cgroup at rel below the unified hierarchy mounted at
+// mountpoint. Load uses it on unified hosts; tests point it at a directory laid out
+// like one. ErrGone when the cgroup is not there (cgroup2.Load itself does not look).
+func LoadV2(mountpoint, rel string) (*Cgroup, error) {
+	if rel == "" || !path.IsAbs(rel) {
+		return nil, fmt.Errorf("cgroup path %q is not absolute", rel)
+	}
+	m, err := cgroup2.Load(rel, cgroup2.WithMountpoint(mountpoint))
+	if err != nil {
+		return nil, fmt.Errorf("load cgroup %s: %w", rel, err)
+	}
+	c := &Cgroup{rel: rel, v2: m, dir: filepath.Join(mountpoint, rel)}
+	if err := c.exists(); err != nil {
+		return nil, err
+	}
 	return c, nil
+}
+
+// exists reports ErrGone when the v2 cgroup is not there (every v2 cgroup directory
+// has cgroup.procs; a plain directory where a cgroup was expected is no cgroup either).
+func (c *Cgroup) exists() error {
+	if _, err := os.Stat(filepath.Join(c.dir, "cgroup.procs")); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("cgroup %s: %w", c.rel, ErrGone)
+		}
+		return fmt.Errorf("cgroup %s: %w", c.rel, err)
+	}
+	return nil
 }
 
 // v2Mask is what a CRI runtime reports: rdma and hugetlb are left out, they cost a
@@ -107,6 +140,11 @@ func (c *Cgroup) Read() (*anypb.Any, error) {
 		st, err := c.v2.StatFiltered(v2Mask)
 		if err != nil {
 			return nil, fmt.Errorf("read cgroup %s: %w", c.rel, gone(err))
+		}
+		// A cgroup removed before or during the read has read as (partly) zero: that
+		// is no figure to report.
+		if err := c.exists(); err != nil {
+			return nil, err
 		}
 		m = st
 	} else {
