@@ -13,6 +13,7 @@ import (
 	// Registers the device-rule backend that the v1 devices controller needs.
 	_ "github.com/opencontainers/cgroups/devices"
 	"github.com/opencontainers/cgroups/manager"
+	cgsystemd "github.com/opencontainers/cgroups/systemd"
 	"golang.org/x/sys/unix"
 )
 
@@ -45,6 +46,12 @@ func cgroupConfig(id, parent string, systemd bool) (CgroupConfig, error) {
 		}
 		if !validSliceName(parent) {
 			return CgroupConfig{}, invalid("cgroup_parent %q: the systemd driver wants a slice name like system.slice", parent)
+		}
+		// The characters are right but systemd may still refuse the name
+		// (kubepods--x.slice, -x.slice, x-.slice): refuse it here, as InvalidArgument,
+		// rather than as an internal error when the scope is made.
+		if _, err := cgsystemd.ExpandSlice(parent); err != nil {
+			return CgroupConfig{}, invalid("cgroup_parent %q: the systemd driver wants a slice name like kubepods-burstable.slice: %v", parent, err)
 		}
 		return CgroupConfig{Driver: DriverSystemd, Slice: parent, Name: id, Parent: given}, nil
 	}
