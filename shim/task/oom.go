@@ -33,8 +33,14 @@ type oomWatch struct {
 
 // watchOOM starts watching the memory cgroup dir; onKill runs (once) when a kill is seen.
 func watchOOM(dir string, log *slog.Logger, onKill func()) (*oomWatch, error) {
+	return watchOOMIn(dir, cgroups.IsCgroup2UnifiedMode(), log, onKill)
+}
+
+// watchOOMIn is watchOOM with the hierarchy given: v2 watches dir/memory.events,
+// else dir/memory.oom_control through an eventfd. Tests point it at a directory in a
+// v2 node's layout.
+func watchOOMIn(dir string, v2 bool, log *slog.Logger, onKill func()) (*oomWatch, error) {
 	w := &oomWatch{log: log}
-	v2 := cgroups.IsCgroup2UnifiedMode()
 	if v2 {
 		w.file = filepath.Join(dir, "memory.events")
 	} else {
