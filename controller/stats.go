@@ -44,6 +44,11 @@ type Metrics struct {
 	MemoryLimit, AvailableBytes uint64
 	// Pids is the number of tasks in the cgroup.
 	Pids uint64
+	// OOMKills counts processes of the cgroup killed by the OOM killer (v1
+	// memory.oom_control oom_kill, v2 memory.events oom_kill: hierarchical, so a pod
+	// cgroup counts its containers' kills). No CRI stats field carries it; it is what
+	// cAdvisor's container_oom_events_total counts.
+	OOMKills uint64
 }
 
 // ContainerMetrics asks the pod's shim for a container's cgroup metrics (task Stats).
@@ -114,7 +119,7 @@ func DecodeMetrics(a *anypb.Any) (*Metrics, error) {
 }
 
 func fromV1(m *cg1.Metrics) *Metrics {
-	out := &Metrics{CPUUsageNanos: m.GetCPU().GetUsage().GetTotal(), Pids: m.GetPids().GetCurrent()}
+	out := &Metrics{CPUUsageNanos: m.GetCPU().GetUsage().GetTotal(), Pids: m.GetPids().GetCurrent(), OOMKills: m.GetMemoryOomControl().GetOomKill()}
 	if mem := m.GetMemory(); mem != nil {
 		out.MemoryUsage = mem.GetUsage().GetUsage()
 		out.WorkingSet = workingSet(out.MemoryUsage, mem.GetTotalInactiveFile())
@@ -127,7 +132,7 @@ func fromV1(m *cg1.Metrics) *Metrics {
 }
 
 func fromV2(m *cg2.Metrics) *Metrics {
-	out := &Metrics{CPUUsageNanos: m.GetCPU().GetUsageUsec() * 1000, Pids: m.GetPids().GetCurrent()}
+	out := &Metrics{CPUUsageNanos: m.GetCPU().GetUsageUsec() * 1000, Pids: m.GetPids().GetCurrent(), OOMKills: m.GetMemoryEvents().GetOomKill()}
 	if mem := m.GetMemory(); mem != nil {
 		out.MemoryUsage = mem.GetUsage()
 		out.WorkingSet = workingSet(out.MemoryUsage, mem.GetInactiveFile())
@@ -175,6 +180,7 @@ func (m *Metrics) Add(o *Metrics) {
 	m.PageFaults += o.PageFaults
 	m.MajorPageFaults += o.MajorPageFaults
 	m.Pids += o.Pids
+	m.OOMKills += o.OOMKills
 	m.MemoryLimit, m.AvailableBytes = 0, 0
 	if o.Timestamp.After(m.Timestamp) {
 		m.Timestamp = o.Timestamp
