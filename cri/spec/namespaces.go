@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/opencontainers/runtime-spec/specs-go"
@@ -27,7 +28,7 @@ func cgroupsPath(parent, id string, systemd bool) (string, error) {
 		if parent == "" {
 			parent = defaultSystemdSlice
 		}
-		if !sliceRE.MatchString(parent) {
+		if !sliceRE.MatchString(parent) || !expandableSlice(parent) {
 			return "", invalidf("cgroup_parent %q: the systemd cgroup driver wants a slice name like system.slice", parent)
 		}
 		return parent + ":" + cgroupPrefix + ":" + id, nil
@@ -39,6 +40,15 @@ func cgroupsPath(parent, id string, systemd bool) (string, error) {
 		return "", invalidf("cgroup_parent %q: the cgroupfs driver wants an absolute, clean path", parent)
 	}
 	return path.Join(parent, cgroupPrefix+"-"+id), nil
+}
+
+// expandableSlice is the rule of libcontainer's systemd.ExpandSlice that sliceRE does
+// not cover: every dash separates two non-empty parts ("-.slice", the root, aside).
+// Checked here so that a name systemd refuses is InvalidArgument at CreateContainer;
+// importing the systemd package would link dbus into criserver.
+func expandableSlice(s string) bool {
+	name := strings.TrimSuffix(s, ".slice")
+	return name == "-" || !slices.Contains(strings.Split(name, "-"), "")
 }
 
 // nsModes are the namespace modes that apply to the container. Network and IPC belong
