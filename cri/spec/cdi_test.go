@@ -34,7 +34,7 @@ const vendorSpec = `{
 
 // writeCDIDir writes spec files (name → content; DATA in a content is replaced by a
 // host file) into a new directory and returns it.
-func writeCDIDir(t *testing.T, files map[string]string) string {
+func writeCDIDir(t testing.TB, files map[string]string) string {
 	t.Helper()
 	dir := t.TempDir()
 	data := filepath.Join(t.TempDir(), "data")
