@@ -4,14 +4,18 @@ import (
 	"errors"
 	"math"
 	"os"
+	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	cg2 "github.com/containerd/cgroups/v3/cgroup2/stats"
 	"github.com/crisp-runtime/crisp/shim/cgstats/v2test"
 	"github.com/opencontainers/cgroups"
 	"github.com/opencontainers/cgroups/fs2"
 	"github.com/opencontainers/cgroups/systemd"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -238,5 +242,72 @@ func TestRelPath(t *testing.T) {
 				t.Errorf("libcontainer's v2 path is %q, crisp reads %q", lc, tc.want)
 			}
 		})
+	}
+}
+
+// TestLoadV2RealKernel runs LoadV2 and Read against the kernel's cgroup2 (on this
+// hybrid host the unified hierarchy at /sys/fs/cgroup/unified holds no controller the
+// v1 hierarchies have, but every v2 cgroup has cpu.stat and cgroup.procs): the CPU time
+// of a process moved into a new cgroup is read from the kernel's own cpu.stat, and a
+// cgroup removed with rmdir is ErrGone. Needs root and a cgroup2 mount; skipped
+// otherwise.
+func TestLoadV2RealKernel(t *testing.T) {
+	mnt := "/sys/fs/cgroup/unified"
+	if cgroups.IsCgroup2UnifiedMode() {
+		mnt = UnifiedMountpoint
+	}
+	var st unix.Statfs_t
+	if os.Geteuid() != 0 || unix.Statfs(mnt, &st) != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
+		t.Skip("needs root and a cgroup2 mount at " + mnt)
+	}
+	rel := "/crisp-cgstats-test-" + strconv.Itoa(os.Getpid())
+	dir := mnt + rel
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(dir)
+	spin := exec.Command("sh", "-c", "while :; do :; done")
+	if err := spin.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = spin.Process.Kill()
+		_ = spin.Wait()
+	}()
+	if err := os.WriteFile(dir+"/cgroup.procs", []byte(strconv.Itoa(spin.Process.Pid)), 0); err != nil {
+		t.Fatal(err)
+	}
+	c, err := LoadV2(mnt, rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var usage uint64
+	for range 100 {
+		if usage = readV2(t, c).GetCPU().GetUsageUsec(); usage >= 50_000 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if usage < 50_000 {
+		t.Errorf("cpu.stat usage_usec = %d after a spinning process ran in the cgroup", usage)
+	}
+	if err := spin.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = spin.Wait()
+	// The cgroup can be removed once the killed process is gone from it.
+	for i := 0; ; i++ {
+		if err := os.Remove(dir); err == nil {
+			break
+		} else if i == 100 {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := c.Read(); !errors.Is(err, ErrGone) {
+		t.Errorf("read after rmdir: %v, want ErrGone", err)
+	}
+	if _, err := LoadV2(mnt, rel); !errors.Is(err, ErrGone) {
+		t.Errorf("load after rmdir: %v, want ErrGone", err)
 	}
 }
