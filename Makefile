@@ -5,6 +5,7 @@ GO        ?= go
 PREFIX    ?= /usr/local
 BINDIR    ?= bin
 TAGS      ?= seccomp grpcnotrace
+UNITDIR   ?= /etc/systemd/system
 # VERSION is a semantic version, as the CRI's runtime_version must be: the release in
 # version/VERSION on its tag v<release> in a clean tree (0.1.0), else
 # <release>-dev+<commit> with .dirty for uncommitted changes (0.1.0-dev+4a6c72a1b2c3.dirty),
@@ -24,7 +25,7 @@ SHIMBUILD := CGO_ENABLED=1 $(GO) build -trimpath -tags '$(TAGS) osusergo netgo' 
 	-ldflags '$(LDFLAGS) -linkmode external -extldflags -static'
 DEPS      := busybox-static containernetworking-plugins libseccomp-dev libc6-dev iproute2 iptables gcc make
 
-.PHONY: all build criserver shim install run test unit e2e deps criu lint clean bench chaos containerd
+.PHONY: all build criserver shim install run test unit e2e deps criu lint clean bench chaos containerd deb
 
 all: build
 
@@ -43,6 +44,22 @@ install: build
 	install -D -m 0755 $(BINDIR)/shim-runc $(DESTDIR)$(PREFIX)/bin/shim-runc
 # containerd 2.x finds runtime_type io.containerd.crisp.v1 as this name on its PATH.
 	ln -sfn shim-runc $(DESTDIR)$(PREFIX)/bin/containerd-shim-crisp-v1
+# The unit runs /usr/bin/criserver (the package's path): with another PREFIX its
+# ExecStart is rewritten to the installed binary. UNITDIR is systemd's admin unit dir.
+	install -d $(DESTDIR)$(UNITDIR)
+	sed 's|/usr/bin/criserver|$(PREFIX)/bin/criserver|' contrib/systemd/crisp.service \
+		> $(DESTDIR)$(UNITDIR)/crisp.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/crisp.service
+# The unit reads /etc/crisp/config.toml: the package's default, never over an edited one.
+	[ -e $(DESTDIR)/etc/crisp/config.toml ] || \
+		install -D -m 0644 packaging/deb/config.toml $(DESTDIR)/etc/crisp/config.toml
+
+# deb builds $(DEBDIR)/crisp_<version>_<arch>.deb (hack/deb.sh): both binaries, the
+# containerd-shim-crisp-v1 link, the systemd unit, /etc/crisp/config.toml as a
+# conffile; depends on containernetworking-plugins, iptables and libseccomp2.
+DEBDIR ?= $(BINDIR)
+deb: build
+	hack/deb.sh $(BINDIR) '$(VERSION)' $(DEBDIR)
 
 # deps installs the Debian packages crisp needs at run time and for its tests.
 deps:
