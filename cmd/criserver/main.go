@@ -12,6 +12,7 @@ import (
 
 	"github.com/crisp-runtime/crisp/config"
 	"github.com/crisp-runtime/crisp/daemon"
+	"github.com/crisp-runtime/crisp/preflight"
 	"github.com/crisp-runtime/crisp/version"
 )
 
@@ -20,7 +21,7 @@ func main() {
 	cfgPath := fs.String("config", "", "TOML config file (defaults apply to keys it leaves out)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: criserver [--config FILE] [--version]\n       criserver config default\n")
+		fmt.Fprintf(fs.Output(), "usage: criserver [--config FILE] [--version]\n       criserver config default\n       criserver [--config FILE] check [--kubelet-config FILE]\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(os.Args[1:]); err != nil {
@@ -31,6 +32,9 @@ func main() {
 		return
 	}
 	if args := fs.Args(); len(args) > 0 {
+		if args[0] == "check" {
+			os.Exit(check(*cfgPath, args[1:]))
+		}
 		if len(args) == 2 && args[0] == "config" && args[1] == "default" {
 			out, err := config.Default().Marshal()
 			if err != nil {
@@ -57,4 +61,32 @@ func main() {
 		fmt.Fprintln(os.Stderr, "criserver:", err)
 		os.Exit(1)
 	}
+}
+
+// check runs the preflight checks against the config criserver would run with and
+// prints one line per check; it returns the exit code: 1 when a required check fails.
+func check(cfgPath string, args []string) int {
+	fs := flag.NewFlagSet("criserver check", flag.ContinueOnError)
+	kubelet := fs.String("kubelet-config", preflight.DefaultKubeletConfig, "kubelet's config file, for its cgroupDriver")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "criserver check: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	cfg := config.Default()
+	if cfgPath != "" {
+		var err error
+		if cfg, err = config.Load(cfgPath); err != nil {
+			fmt.Fprintln(os.Stderr, "criserver:", err)
+			return 1
+		}
+	}
+	h := preflight.Default()
+	h.KubeletConfig = *kubelet
+	if preflight.Write(os.Stdout, preflight.Run(cfg, h)) {
+		return 1
+	}
+	return 0
 }
