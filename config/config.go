@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/pelletier/go-toml/v2"
@@ -55,8 +56,17 @@ type Config struct {
 	Streaming StreamingConfig `toml:"streaming"`
 	// CDI configures Container Device Interface devices.
 	CDI CDIConfig `toml:"cdi"`
+	// Metrics configures the Prometheus metrics listener.
+	Metrics MetricsConfig `toml:"metrics"`
 	// Runtimes maps a runtime handler (RuntimeClass) name to the shim that runs its pods.
 	Runtimes map[string]Runtime `toml:"runtimes"`
+}
+
+// MetricsConfig configures the Prometheus metrics listener.
+type MetricsConfig struct {
+	// Address is the host:port serving /metrics over plain HTTP; empty turns metrics
+	// off. It has no authentication: keep it on loopback or a node-local network.
+	Address string `toml:"address" comment:"host:port serving Prometheus metrics at /metrics (e.g. 127.0.0.1:9942); empty turns metrics off"`
 }
 
 // CDIConfig says where CDI spec files are found. A CRI CDIDevices entry or a
@@ -266,7 +276,24 @@ func (c Config) Validate() error {
 	if err := c.CDI.validate(); err != nil {
 		return err
 	}
+	if err := c.Metrics.validate(); err != nil {
+		return err
+	}
 	return c.Streaming.validate()
+}
+
+func (m MetricsConfig) validate() error {
+	if m.Address == "" {
+		return nil
+	}
+	_, port, err := net.SplitHostPort(m.Address)
+	if err != nil {
+		return fmt.Errorf("metrics.address must be host:port or empty, got %q: %w", m.Address, err)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("metrics.address: port must be 0 to 65535, got %q", port)
+	}
+	return nil
 }
 
 // maxSeconds bounds every duration setting: a week is longer than any of them

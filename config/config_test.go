@@ -117,6 +117,24 @@ func TestLoad(t *testing.T) {
 		{name: "percent too large", file: "[image]\nmin_free_percent = 100\n", wantErr: "image.min_free_percent must be"},
 		{name: "negative percent", file: "[image]\nmin_free_percent = -5\n", wantErr: "image.min_free_percent must be"},
 		{name: "percent nan", file: "[image]\nmin_free_percent = nan\n", wantErr: "image.min_free_percent must be"},
+		{name: "metrics off by default", file: "", check: func(t *testing.T, c Config) {
+			if c.Metrics.Address != "" {
+				t.Errorf("metrics.address = %q, want empty", c.Metrics.Address)
+			}
+		}},
+		{name: "metrics address", file: "[metrics]\naddress = \"127.0.0.1:9942\"\n", check: func(t *testing.T, c Config) {
+			if c.Metrics.Address != "127.0.0.1:9942" {
+				t.Errorf("metrics.address = %q", c.Metrics.Address)
+			}
+		}},
+		{name: "metrics address ipv6 any port", file: "[metrics]\naddress = \"[::1]:0\"\n", check: func(t *testing.T, c Config) {
+			if c.Metrics.Address != "[::1]:0" {
+				t.Errorf("metrics.address = %q", c.Metrics.Address)
+			}
+		}},
+		{name: "metrics address without port", file: "[metrics]\naddress = \"127.0.0.1\"\n", wantErr: "metrics.address must be host:port"},
+		{name: "metrics address bad port", file: "[metrics]\naddress = \"127.0.0.1:99999\"\n", wantErr: "metrics.address: port must be 0 to 65535"},
+		{name: "metrics address named port", file: "[metrics]\naddress = \":http\"\n", wantErr: "metrics.address: port must be"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

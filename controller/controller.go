@@ -18,6 +18,7 @@ import (
 
 	options "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/config"
+	"github.com/crisp-runtime/crisp/metrics"
 	"github.com/crisp-runtime/crisp/netns"
 	"github.com/crisp-runtime/crisp/network"
 	"github.com/crisp-runtime/crisp/store"
@@ -50,6 +51,8 @@ type Options struct {
 	SystemdCgroup    bool
 	// Address is criserver's own address, handed to shims as -address.
 	Address string
+	// Metrics records pod start phases, dead shims and recoveries; nil records nothing.
+	Metrics *metrics.Metrics
 }
 
 // Spec is what the controller needs to run a pod.
@@ -165,8 +168,29 @@ func New(opts Options, st *store.Store, net *network.Manager, log *slog.Logger) 
 		}
 	}
 	bg, stop := context.WithCancel(context.Background())
-	return &Controller{opts: opts, store: st, net: net, log: log, bg: bg, stopBG: stop, sandboxes: map[string]*sandbox{},
-		exits: make(chan string, sandboxExitBuffer)}, nil
+	c := &Controller{opts: opts, store: st, net: net, log: log, bg: bg, stopBG: stop, sandboxes: map[string]*sandbox{},
+		exits: make(chan string, sandboxExitBuffer)}
+	opts.Metrics.WatchShims(c.liveShims)
+	return c, nil
+}
+
+// liveShims counts the shims the controller is connected to and has not found dead.
+func (c *Controller) liveShims() int {
+	c.mu.Lock()
+	sbs := make([]*sandbox, 0, len(c.sandboxes))
+	for _, sb := range c.sandboxes {
+		sbs = append(sbs, sb)
+	}
+	c.mu.Unlock()
+	n := 0
+	for _, sb := range sbs {
+		sb.mu.Lock()
+		if sb.client != nil && !sb.shimDead {
+			n++
+		}
+		sb.mu.Unlock()
+	}
+	return n
 }
 
 func (o Options) bundleRoot() string { return filepath.Join(o.StateDir, "sandboxes") }
@@ -315,6 +339,12 @@ func (c *Controller) Create(ctx context.Context, spec Spec) (_ *Status, retErr e
 	if err := errors.Join(shimErr, netErr); err != nil {
 		return nil, err
 	}
+	if !spec.HostNetwork && !usernsNet {
+		c.opts.Metrics.ObservePodStartPhase(metrics.PhaseNetNS, t1.Sub(t0))
+	}
+	if netTime > 0 {
+		c.opts.Metrics.ObservePodStartPhase(metrics.PhaseCNI, netTime)
+	}
 	if netRes != nil {
 		if netRes.IP != nil {
 			sb.rec.IP = netRes.IP.String()
@@ -337,7 +367,7 @@ func (c *Controller) Create(ctx context.Context, spec Spec) (_ *Status, retErr e
 }
 
 // startShim starts the pod's shim and has it create and start the sandbox.
-func (c *Controller) startShim(ctx context.Context, sb *sandbox, spec Spec) error {
+func (c *Controller) startShim(ctx context.Context, sb *sandbox, spec Spec) (retErr error) {
 	sctx, cancel := context.WithTimeout(ctx, c.opts.ShimStartTimeout)
 	defer cancel()
 	call := c.call(&sb.rec)
@@ -348,6 +378,10 @@ func (c *Controller) startShim(ctx context.Context, sb *sandbox, spec Spec) erro
 	}
 	defer func(t1 time.Time) {
 		c.log.Debug("shim started", "pod", spec.ID, "bootstrap", t1.Sub(t0), "create_start", time.Since(t1))
+		if retErr == nil {
+			c.opts.Metrics.ObservePodStartPhase(metrics.PhaseShimStart, t1.Sub(t0))
+			c.opts.Metrics.ObservePodStartPhase(metrics.PhaseSandboxStart, time.Since(t1))
+		}
 	}(time.Now())
 	sb.rec.Address = addr
 	if err := c.connect(sctx, sb); err != nil {

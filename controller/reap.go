@@ -40,6 +40,7 @@ func (c *Controller) markShimDeadLocked(sb *sandbox, cause string) {
 // to the first. It is the one goroutine markShimDeadLocked starts for sb.
 func (c *Controller) reapDeadShim(sb *sandbox, cause string) {
 	id := sb.rec.ID
+	c.opts.Metrics.ShimDied()
 	start := time.Now()
 	err := c.reapLocked(sb)
 	sb.mu.Lock()

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/crisp-runtime/crisp/metrics"
 )
 
 // Recover loads every sandbox record and reconnects to its shim. A sandbox whose
@@ -62,6 +64,7 @@ func (c *Controller) Recover(ctx context.Context) ([]string, error) {
 				continue
 			}
 			c.forget(r.ID)
+			c.opts.Metrics.PodRecovered(metrics.RecoveredUndone)
 			continue
 		}
 		ids = append(ids, r.ID)
@@ -76,12 +79,14 @@ func (c *Controller) Recover(ctx context.Context) ([]string, error) {
 			sb.mu.Lock()
 			c.markShimDeadLocked(sb, "the shim did not answer at recovery: "+err.Error())
 			sb.mu.Unlock()
+			c.opts.Metrics.PodRecovered(metrics.RecoveredShimDead)
 			continue
 		}
 		if r.Phase == phaseReady {
 			c.watch(sb)
 		}
 		c.log.Info("reconnected to pod shim", "pod", r.ID, "address", r.Address)
+		c.opts.Metrics.PodRecovered(metrics.RecoveredReconnected)
 	}
 	c.removeStraySockets()
 	c.awaitReapers(ctx)

@@ -119,6 +119,7 @@ func containerName(md *runtime.ContainerMetadata, pod *runtime.PodSandboxMetadat
 // later one fails.
 func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContainerRequest) (_ *runtime.CreateContainerResponse, retErr error) {
 	defer func() { retErr = toStatus(retErr) }()
+	start := time.Now()
 	cfg := req.GetConfig()
 	if cfg == nil || cfg.GetMetadata().GetName() == "" {
 		return nil, invalid("container config with metadata.name is required")
@@ -147,6 +148,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *runtime.CreateContai
 	if err != nil {
 		return nil, err
 	}
+	s.metrics.ObserveContainerCreate(time.Since(start))
 	return &runtime.CreateContainerResponse{ContainerId: id}, nil
 }
 
@@ -353,6 +355,7 @@ func (s *Service) resolveContainer(id string) (*container, error) {
 
 // StartContainer starts a created container and watches it for its exit.
 func (s *Service) StartContainer(ctx context.Context, req *runtime.StartContainerRequest) (*runtime.StartContainerResponse, error) {
+	start := time.Now()
 	c, err := s.resolveContainer(req.GetContainerId())
 	if err != nil {
 		return nil, toStatus(err)
@@ -390,6 +393,7 @@ func (s *Service) StartContainer(ctx context.Context, req *runtime.StartContaine
 	// Before the monitor starts, so that STARTED always precedes STOPPED.
 	s.emitContainerEvent(r.ID, r.PodID, runtime.ContainerEventType_CONTAINER_STARTED_EVENT)
 	s.monitor(c)
+	s.metrics.ObserveContainerStart(time.Since(start))
 	return &runtime.StartContainerResponse{}, nil
 }
 
@@ -453,6 +457,7 @@ func (s *Service) awaitExit(ctx context.Context, c *container, rec containerReco
 	// precedes DELETED.
 	s.emitContainerEvent(r.ID, r.PodID, runtime.ContainerEventType_CONTAINER_STOPPED_EVENT)
 	c.markExited()
+	s.metrics.ContainerExited(r.Reason)
 	s.log.Info("container exited", "container", r.ID, "exit_code", r.ExitCode, "reason", r.Reason)
 }
 

@@ -41,6 +41,7 @@ func (s *Service) podDir(id string) string { return filepath.Join(s.cfg.RootDir,
 // it, run if a later step fails, so a failed call leaves nothing behind.
 func (s *Service) RunPodSandbox(ctx context.Context, req *runtime.RunPodSandboxRequest) (_ *runtime.RunPodSandboxResponse, retErr error) {
 	defer func() { retErr = toStatus(retErr) }()
+	begin := time.Now()
 	cfg := req.GetConfig()
 	if err := validatePodConfig(cfg, s.cfg.CgroupDriver); err != nil {
 		return nil, err
@@ -187,6 +188,7 @@ func (s *Service) RunPodSandbox(ctx context.Context, req *runtime.RunPodSandboxR
 	// created and started, for kubelet's evented PLEG.
 	s.emitPodEvent(p, runtime.ContainerEventType_CONTAINER_CREATED_EVENT)
 	s.emitPodEvent(p, runtime.ContainerEventType_CONTAINER_STARTED_EVENT)
+	s.metrics.ObservePodStart(time.Since(begin))
 	log.Info("pod sandbox ready", "ip", st.IP, "duration", time.Since(start))
 	return &runtime.RunPodSandboxResponse{PodSandboxId: id}, nil
 }

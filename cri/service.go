@@ -16,6 +16,7 @@ import (
 	"github.com/crisp-runtime/crisp/controller"
 	"github.com/crisp-runtime/crisp/cri/spec"
 	"github.com/crisp-runtime/crisp/image"
+	"github.com/crisp-runtime/crisp/metrics"
 	"github.com/crisp-runtime/crisp/network"
 	"github.com/crisp-runtime/crisp/store"
 	"github.com/crisp-runtime/crisp/version"
@@ -52,6 +53,9 @@ type Service struct {
 	// snapshots work here (probed once in New; Status advertises user_namespaces per
 	// runtime handler and RunPodSandbox refuses userns pods without it).
 	usernsSupported bool
+	// metrics records pod and container start latency and container exits; nil (the
+	// default) records nothing. Set by SetMetrics before serving.
+	metrics *metrics.Metrics
 	// cdi resolves CDI devices from cfg.CDI.SpecDirs (nil: CDI is off); one cache for
 	// the life of the service, refreshed by the containers that request devices.
 	cdi *spec.CDI

@@ -2,9 +2,11 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"time"
@@ -19,6 +21,7 @@ import (
 	"github.com/crisp-runtime/crisp/image"
 	"github.com/crisp-runtime/crisp/image/remote"
 	"github.com/crisp-runtime/crisp/memtrim"
+	"github.com/crisp-runtime/crisp/metrics"
 	"github.com/crisp-runtime/crisp/network"
 	"github.com/crisp-runtime/crisp/store"
 	"github.com/crisp-runtime/crisp/streaming"
@@ -52,6 +55,18 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	}
 	defer st.Close()
 
+	// Metrics are off (nil, recording nothing) unless an address is configured. The
+	// listener opens first so that an address in use fails the start at once.
+	var m *metrics.Metrics
+	if cfg.Metrics.Address != "" {
+		m = metrics.New()
+		stop, err := serveMetrics(cfg.Metrics.Address, m, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+
 	netMgr, err := network.New(network.Config{
 		ConfDir:       cfg.CNI.ConfDir,
 		BinDirs:       cfg.CNI.BinDirs,
@@ -65,6 +80,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		return fmt.Errorf("set up pod network: %w", err)
 	}
 	defer netMgr.Close()
+	netMgr.SetMetrics(m)
 
 	ctrl, err := controller.New(controller.Options{
 		StateDir:         cfg.StateDir,
@@ -72,6 +88,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		ShimStartTimeout: time.Duration(cfg.ShimStartTimeoutSeconds) * time.Second,
 		SystemdCgroup:    cfg.CgroupDriver == config.CgroupDriverSystemd,
 		Address:          cfg.Socket,
+		Metrics:          m,
 	}, st, netMgr, log.With("component", "controller"))
 	if err != nil {
 		return err
@@ -91,6 +108,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		Pinned:         cfg.Image.Pinned,
 		MinFreeBytes:   cfg.Image.MinFreeBytes,
 		MinFreePercent: cfg.Image.MinFreePercent,
+		Metrics:        m,
 	}, st, log.With("component", "image"))
 	if err != nil {
 		return fmt.Errorf("open image store: %w", err)
@@ -99,6 +117,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	// Before ctrl.Close (defers run last first): exit monitors must be gone before the
 	// shim connections they wait on are closed.
 	defer svc.Close()
+	svc.SetMetrics(m)
 	if err := svc.Recover(ctx, live); err != nil {
 		return err
 	}
@@ -138,8 +157,15 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	unary := []grpc.UnaryServerInterceptor{logErrors(log)}
+	var streams []grpc.StreamServerInterceptor
+	if m != nil {
+		// Outermost, so the latency counts the logging too, as the client sees it.
+		unary = append([]grpc.UnaryServerInterceptor{m.UnaryServerInterceptor()}, unary...)
+		streams = append(streams, m.StreamServerInterceptor())
+	}
 	srv := grpc.NewServer(grpc.MaxRecvMsgSize(maxMsgSize), grpc.MaxSendMsgSize(maxMsgSize),
-		grpc.ChainUnaryInterceptor(logErrors(log)))
+		grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(streams...))
 	runtime.RegisterRuntimeServiceServer(srv, svc)
 	runtime.RegisterImageServiceServer(srv, svc)
 
@@ -163,6 +189,36 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	}
 	_ = os.Remove(cfg.Socket)
 	return nil
+}
+
+// serveMetrics serves m's /metrics on addr (and nothing else) until stop is called.
+func serveMetrics(addr string, m *metrics.Metrics, log *slog.Logger) (stop func(), err error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen for metrics on %s: %w", addr, err)
+	}
+	srv := &http.Server{
+		Handler: m.Handler(),
+		// Bounds a client that opens a connection and never finishes its request.
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server stopped", "address", lis.Addr().String(), "err", err)
+		}
+	}()
+	log.Info("serving metrics", "address", lis.Addr().String(), "path", metrics.Path)
+	return func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(sctx); err != nil {
+			log.Warn("stop metrics server", "err", err)
+		}
+		<-done
+	}, nil
 }
 
 // listen opens the CRI socket, replacing a stale file but refusing to steal the

@@ -26,6 +26,7 @@ import (
 	"github.com/crisp-runtime/crisp/image/diskspace"
 	"github.com/crisp-runtime/crisp/image/remote"
 	"github.com/crisp-runtime/crisp/image/snapshot"
+	"github.com/crisp-runtime/crisp/metrics"
 	"github.com/crisp-runtime/crisp/store"
 )
 
@@ -50,6 +51,8 @@ type Config struct {
 	// and while blobs are downloaded and layers unpacked.
 	MinFreeBytes   int64
 	MinFreePercent float64
+	// Metrics records pulls and reports the store's size; nil records nothing.
+	Metrics *metrics.Metrics
 }
 
 // Image is one image in the store, identified by its config digest.
@@ -197,7 +200,18 @@ func New(cfg Config, st *store.Store, log *slog.Logger) (*Service, error) {
 	if err := s.gcLocked(context.Background()); err != nil {
 		log.Warn("free content of interrupted pulls", "err", err)
 	}
+	cfg.Metrics.WatchImages(s.storeSize)
 	return s, nil
+}
+
+// storeSize counts the images and adds up their sizes, for metrics at scrape time.
+func (s *Service) storeSize() (count int, bytes int64) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for _, img := range s.images {
+		bytes += img.Size
+	}
+	return len(s.images), bytes
 }
 
 // Pull fetches ref into the store, unpacks its layers and records it under the
@@ -216,8 +230,10 @@ func (s *Service) Pull(ctx context.Context, ref string, auth *remote.Auth) (*Ima
 	start := time.Now()
 	img, err := s.pull(ctx, named, auth)
 	if err == nil {
+		s.cfg.Metrics.ObservePull(time.Since(start), img.Size, nil)
 		return img, nil
 	}
+	s.cfg.Metrics.ObservePull(time.Since(start), 0, err)
 	err = diskspace.Classify(err, s.cfg.Root)
 	if errdefs.IsResourceExhausted(err) {
 		s.freeAfterFullDisk(ctx, name, start, err)

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
@@ -17,6 +18,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 
+	"github.com/crisp-runtime/crisp/metrics"
 	"github.com/crisp-runtime/crisp/netns"
 )
 
@@ -74,7 +76,14 @@ type Manager struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+
+	// metrics records CNI ADD and DEL latency; atomic because the background retrier
+	// may already run when SetMetrics is called. Nil records nothing.
+	metrics atomic.Pointer[metrics.Metrics]
 }
+
+// SetMetrics has the manager record the latency of each pod's CNI ADD and DEL in m.
+func (m *Manager) SetMetrics(mt *metrics.Metrics) { m.metrics.Store(mt) }
 
 // New writes the default network config if cfg.ConfDir has none and loads the config to use.
 // A missing or broken config is not an error here: Ready reports it until one appears.
@@ -211,6 +220,7 @@ func (m *Manager) Setup(ctx context.Context, p Pod) (*Result, error) {
 	if err == nil {
 		res, err = parseResult(raw)
 	}
+	m.metrics.Load().ObserveCNI(metrics.CNIAdd, time.Since(start), err)
 	if err != nil {
 		err = fmt.Errorf("set up network %q for pod %s (%s/%s): %w", list.Name, p.ID, p.Namespace, p.Name, err)
 		// The DEL runs even when ADD failed half-way (a veth made, an IP reserved), and
@@ -302,12 +312,16 @@ func (m *Manager) teardown(ctx context.Context, p Pod, attempts int) error {
 		}
 		rt := runtimeConf(p)
 		rt.NetNS = liveNetNS(p.NetNS)
-		if err := m.del(ctx, list, rt); err != nil {
+		err = m.del(ctx, list, rt)
+		m.metrics.Load().ObserveCNI(metrics.CNIDel, time.Since(start), err)
+		if err != nil {
 			m.log.Warn("best-effort CNI DEL of pod without cached result failed", "pod", p.ID, "network", list.Name, "err", err)
 		}
 		return nil
 	}
-	if err := errors.Join(errs...); err != nil {
+	err = errors.Join(errs...)
+	m.metrics.Load().ObserveCNI(metrics.CNIDel, time.Since(start), err)
+	if err != nil {
 		return m.teardownFailed(p, failed, attempts, err)
 	}
 	m.teardownDone(p.ID)
