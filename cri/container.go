@@ -204,12 +204,26 @@ func (s *Service) createContainer(ctx context.Context, p *pod, st *controller.St
 		}
 	}
 
+	// 2b. Image volumes: each image a mount names, mounted read-only for the spec to
+	// bind (specCfg); cfg keeps the mounts as asked, for the record and the status.
+	specCfg, err := s.mountImageVolumes(id, cfg)
+	if err != nil {
+		return "", err
+	}
+	defer func() {
+		if retErr != nil {
+			if err := s.unmountImageVolumes(id); err != nil {
+				log.Warn("unmount image volumes after failed create", "err", err)
+			}
+		}
+	}()
+
 	// 3. The spec, with users resolved in the image's own /etc files.
 	stopSig, err := spec.StopSignal(cfg, imgSpec)
 	if err != nil {
 		return "", err
 	}
-	res, err := s.generateSpec(id, cfg, p, img, imgSpec, st, rootfs)
+	res, err := s.generateSpec(id, specCfg, p, img, imgSpec, st, rootfs)
 	if err != nil {
 		return "", err
 	}
@@ -584,6 +598,10 @@ func (s *Service) removeContainer(ctx context.Context, c *container) error {
 	}
 	if err := s.images.RemoveRootfs(rec.ID); err != nil {
 		return fmt.Errorf("remove rootfs of container %s: %w", rec.ID, err)
+	}
+	// Before the record goes, so a failure leaves the container for a retry.
+	if err := s.unmountImageVolumes(rec.ID); err != nil {
+		return err
 	}
 	if err := s.store.Delete(containerBucket, rec.ID); err != nil {
 		return err

@@ -180,8 +180,8 @@ func (s *Service) settleCreated(ctx context.Context, c *container) {
 
 // sweepOrphans removes what no record owns, left by a criserver killed in the middle
 // of an operation: temporary dirs of interrupted calls, container bundles and
-// writable snapshots of a CreateContainer cut short, files and /dev/shm of pods that
-// never got a record. Nothing is being created while it runs.
+// writable snapshots and image volumes of a CreateContainer cut short, files and
+// /dev/shm of pods that never got a record. Nothing is being created while it runs.
 func (s *Service) sweepOrphans(ctx context.Context) {
 	s.sweepTempDirs()
 	hasRecord := func(id string) bool { _, ok := s.containers[id]; return ok }
@@ -206,6 +206,7 @@ func (s *Service) sweepOrphans(ctx context.Context) {
 		}
 		s.log.Info("removed rootfs with no container", "container", key)
 	}
+	s.sweepImageVolumes(hasRecord)
 	for _, dir := range []string{filepath.Join(s.cfg.RootDir, "pods"), filepath.Join(s.cfg.StateDir, "pods")} {
 		entries, _ := os.ReadDir(dir)
 		for _, e := range entries {
@@ -245,5 +246,25 @@ func (s *Service) sweepTempDirs() {
 	}
 	if err := errors.Join(errs...); err != nil {
 		s.log.Error("remove temporaries of the previous run", "err", err)
+	}
+}
+
+// sweepImageVolumes unmounts and drops the image volumes (mounts and image views) of
+// containers with no record: a CreateContainer cut short between its mounts and its
+// record (RemoveContainer unmounts before it deletes the record).
+func (s *Service) sweepImageVolumes(hasRecord func(string) bool) {
+	owners, err := s.imageVolumeOwners()
+	if err != nil {
+		s.log.Error("list image volumes", "err", err)
+	}
+	for _, id := range owners {
+		if hasRecord(id) {
+			continue
+		}
+		if err := s.unmountImageVolumes(id); err != nil {
+			s.log.Error("remove image volumes with no container", "container", id, "err", err)
+			continue
+		}
+		s.log.Info("removed image volumes with no container", "container", id)
 	}
 }

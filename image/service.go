@@ -571,7 +571,8 @@ func (s *Service) Pinned(img *Image) bool {
 
 // Remove removes ref: a tag of an image with other tags only loses that tag; anything
 // else removes the image, and blobs and snapshots no image needs any more are freed.
-// An unknown image is not an error.
+// An unknown image is not an error. An image a view (an image volume) mounts is
+// refused with errdefs.ErrFailedPrecondition.
 func (s *Service) Remove(ctx context.Context, ref string) error {
 	s.gcMu.Lock()
 	defer s.gcMu.Unlock()
@@ -596,6 +597,11 @@ func (s *Service) Remove(ctx context.Context, ref string) error {
 			s.images[img.ID] = next
 			delete(s.refs, key)
 		}
+		s.mu.Unlock()
+		return err
+	}
+	// The image itself goes: not while a container mounts it as a volume.
+	if err := s.checkNoViewsLocked(img.ID); err != nil {
 		s.mu.Unlock()
 		return err
 	}
@@ -636,9 +642,17 @@ func (s *Service) gcLocked(ctx context.Context) error {
 			chains[c] = true
 		}
 	}
+	// A mounted view keeps its layers whatever happens to the image records.
+	views, err := s.viewsLocked()
+	for _, v := range views {
+		chains[v.ChainID] = true
+	}
 	s.mu.RUnlock()
+	if err != nil {
+		return err
+	}
 	var errs []error
-	err := s.content.Walk(func(d digest.Digest, _ int64) error {
+	err = s.content.Walk(func(d digest.Digest, _ int64) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}

@@ -663,3 +663,25 @@ func (s *Snapshotter) get(bucket, key string, v any) error {
 	}
 	return err
 }
+
+// ReadOnlyMounts returns how to mount layer chainID and its ancestors read-only, for
+// an image volume: no upper dir, so nothing is written and nothing needs removing but
+// the mount. One layer is a read-only bind of its directory (overlay wants two lower
+// dirs when it has no upper one); more are an overlay of lower dirs only.
+func (s *Snapshotter) ReadOnlyMounts(chainID digest.Digest) ([]Mount, error) {
+	s.mu.Lock()
+	lowers, err := s.chainLocked(chainID)
+	s.mu.Unlock()
+	if err != nil {
+		return nil, fmt.Errorf("read-only mounts of %s: %w", chainID, err)
+	}
+	if len(lowers) == 1 {
+		return []Mount{{Type: "bind", Source: lowers[0], Options: []string{"ro", "rbind"}}}, nil
+	}
+	opts := "lowerdir=" + strings.Join(lowers, ":")
+	if n := len(opts); n >= os.Getpagesize() {
+		return nil, fmt.Errorf("read-only mounts of %s: %d layers need %d bytes of overlay mount options, more than the %d a mount takes: %w",
+			chainID, len(lowers), n, os.Getpagesize()-1, errdefs.ErrInvalidArgument)
+	}
+	return []Mount{{Type: "overlay", Source: "overlay", Options: []string{opts}}}, nil
+}
