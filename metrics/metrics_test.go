@@ -177,3 +177,19 @@ func TestHandler(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkScrape measures what one scrape costs criserver (CPU and garbage).
+func BenchmarkScrape(b *testing.B) {
+	m := withState()
+	record(m)
+	h := m.Handler()
+	req := httptest.NewRequest(http.MethodGet, Path, nil)
+	b.ReportAllocs()
+	for b.Loop() {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		if w.Code != http.StatusOK {
+			b.Fatal(w.Code)
+		}
+	}
+}
