@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -88,6 +89,23 @@ func checkSeries(t *testing.T, got map[string]float64, want map[string]float64) 
 	}
 }
 
+// waitSeries polls until series has value want: some gauges follow a client's hang-up
+// only once the server has noticed it.
+func waitSeries(t *testing.T, base, series string, want float64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got, ok := scrape(t, base)[series]
+		if ok && got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s = %v (present %v), want %v", series, got, ok, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func rpcOK(service, method string) string {
 	return fmt.Sprintf(`crisp_grpc_server_handled_total{grpc_code="OK",grpc_method=%q,grpc_service="runtime.v1.%s",grpc_type="unary"}`, method, service)
 }
@@ -111,6 +129,23 @@ func TestE2EMetrics(t *testing.T) {
 	if st := e.waitExit(ctx, failed, 10*time.Second); st.Reason != "Error" {
 		t.Fatalf("container failed: reason %q", st.Reason)
 	}
+	// An event subscriber is seen while it is connected; its stream call is counted.
+	sctx, stopEvents := context.WithCancel(ctx)
+	defer stopEvents()
+	evs, err := e.rt.GetContainerEvents(sctx, &cri.GetEventsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := evs.Header(); err != nil {
+		t.Fatal(err)
+	}
+	checkSeries(t, scrape(t, base), map[string]float64{
+		`crisp_container_event_subscribers`: 1,
+		`crisp_grpc_server_started_total{grpc_method="GetContainerEvents",grpc_service="runtime.v1.RuntimeService",grpc_type="server_stream"}`: 1,
+	})
+	stopEvents()
+	waitSeries(t, base, `crisp_container_event_subscribers`, 0)
+
 	// A call that fails is counted with its code.
 	if _, err := e.rt.PodSandboxStatus(ctx, &cri.PodSandboxStatusRequest{PodSandboxId: "nonexistent"}); err == nil {
 		t.Fatal("status of an unknown pod succeeded")
