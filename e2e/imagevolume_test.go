@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,7 +12,29 @@ import (
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/crisp-runtime/crisp/image/imagetest"
+	"github.com/crisp-runtime/crisp/store"
 )
+
+// pushDataImage pushes and pulls a two-layer data image (an overlay of lower dirs when
+// mounted) and returns its tag and ID.
+func (e *env) pushDataImage(ctx context.Context) (ref, id string) {
+	e.t.Helper()
+	t := e.t
+	host := imagetest.StartRegistry(t)
+	data := imagetest.NewImage(t, imagetest.ImageOptions{},
+		imagetest.NewLayer(t, imagetest.OCI, imagetest.Gzip,
+			imagetest.Dir("data"), imagetest.File("data/a.txt", "alpha\n"),
+			imagetest.Dir("data/models"), imagetest.File("data/models/m.bin", "model\n")),
+		imagetest.NewLayer(t, imagetest.OCI, imagetest.Gzip,
+			imagetest.File("data/b.txt", "beta\n"), imagetest.Symlink("data/escape", "../../../../etc")))
+	imagetest.Push(t, host, "data:v1", data)
+	ref = host + "/data:v1"
+	pulled, err := e.img.PullImage(ctx, &cri.PullImageRequest{Image: &cri.ImageSpec{Image: ref}})
+	if err != nil {
+		t.Fatalf("pull data image: %v", err)
+	}
+	return ref, pulled.ImageRef
+}
 
 // TestE2EImageVolume mounts a data image into containers (KEP-4639 image volumes):
 // whole and by image_sub_path, read-only; the image is in use until the containers go,
@@ -22,22 +45,9 @@ func TestE2EImageVolume(t *testing.T) {
 	ctx := ctxT(t)
 	img := e.busybox(ctx)
 
-	// Two layers, so the volume is an overlay of lower dirs; the second adds a file
-	// and a symlink that leads out of the image.
-	host := imagetest.StartRegistry(t)
-	data := imagetest.NewImage(t, imagetest.ImageOptions{},
-		imagetest.NewLayer(t, imagetest.OCI, imagetest.Gzip,
-			imagetest.Dir("data"), imagetest.File("data/a.txt", "alpha\n"),
-			imagetest.Dir("data/models"), imagetest.File("data/models/m.bin", "model\n")),
-		imagetest.NewLayer(t, imagetest.OCI, imagetest.Gzip,
-			imagetest.File("data/b.txt", "beta\n"), imagetest.Symlink("data/escape", "../../../../etc")))
-	imagetest.Push(t, host, "data:v1", data)
-	dataRef := host + "/data:v1"
-	pulled, err := e.img.PullImage(ctx, &cri.PullImageRequest{Image: &cri.ImageSpec{Image: dataRef}})
-	if err != nil {
-		t.Fatalf("pull data image: %v", err)
-	}
-	dataID := pulled.ImageRef
+	// The second layer adds a file and a symlink that leads out of the image.
+	dataRef, dataID := e.pushDataImage(ctx)
+	host, _, _ := strings.Cut(dataRef, "/")
 
 	pod := e.podConfig("imgvol")
 	podID := e.runPod(ctx, pod)
@@ -139,5 +149,61 @@ func TestE2EImageVolume(t *testing.T) {
 	}
 	if _, err := e.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: podID}); err != nil {
 		t.Fatalf("RemovePodSandbox: %v", err)
+	}
+}
+
+// TestE2EImageVolumeRecovery: a criserver killed with -9 finds its image volumes
+// mounted and still in use after the restart; the volume of a container whose record
+// never landed (a CreateContainer cut short) is unmounted and released by recovery.
+func TestE2EImageVolumeRecovery(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	ctx := ctxT(t)
+	img := e.busybox(ctx)
+	dataRef, dataID := e.pushDataImage(ctx)
+	pod := e.podConfig("imgvol-rec")
+	podID := e.runPod(ctx, pod)
+	volumes := filepath.Join(e.state, "imagevolumes")
+	ids := map[string]string{}
+	for _, name := range []string{"kept", "cut"} {
+		cfg := ctrConfig(name, img, "sleep", "1000")
+		cfg.Mounts = []*cri.Mount{{ContainerPath: "/data", Image: &cri.ImageSpec{Image: dataID}, Readonly: true}}
+		ids[name] = e.runCtr(ctx, podID, pod, cfg)
+	}
+
+	e.kill9()
+	// "cut" loses its record, as if criserver died before writing it.
+	st, err := store.Open(filepath.Join(e.root, "meta.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Delete("containers", ids["cut"]); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	e.start()
+	ctx = ctxT(t)
+
+	if got := mountsUnder(volumes); len(got) != 1 || !strings.HasPrefix(got[0], filepath.Join(volumes, ids["kept"])+"/") {
+		t.Errorf("mounts under %s after the restart: %v; want only the one of %s", volumes, got, ids["kept"])
+	}
+	if _, err := os.Stat(filepath.Join(volumes, ids["cut"])); !os.IsNotExist(err) {
+		t.Errorf("image volume dir of the container with no record: %v", err)
+	}
+	resp, err := e.execSync(ctx, ids["kept"], 10, "cat", "/data/data/a.txt")
+	if err != nil || string(resp.GetStdout()) != "alpha\n" {
+		t.Errorf("volume after the restart: %q, %v", resp.GetStdout(), err)
+	}
+	if _, err := e.img.RemoveImage(ctx, &cri.RemoveImageRequest{Image: &cri.ImageSpec{Image: dataRef}}); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("RemoveImage after the restart while mounted: %v; want FailedPrecondition", err)
+	}
+	if _, err := e.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: podID}); err != nil {
+		t.Fatalf("RemovePodSandbox: %v", err)
+	}
+	if got := mountsUnder(volumes); len(got) != 0 {
+		t.Errorf("mounts left under %s after RemovePodSandbox: %v", volumes, got)
+	}
+	if _, err := e.img.RemoveImage(ctx, &cri.RemoveImageRequest{Image: &cri.ImageSpec{Image: dataRef}}); err != nil {
+		t.Errorf("RemoveImage after the pod went: %v", err)
 	}
 }
