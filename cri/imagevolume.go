@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -33,14 +34,15 @@ func (s *Service) imageVolumesDir(id string) string { return filepath.Join(s.ima
 // imageViewKey names the n-th image a container mounts in the image store.
 func imageViewKey(id string, n int) string { return id + "/" + strconv.Itoa(n) }
 
-// hasImageVolumes tells whether any mount of cfg names an image.
+// isImageMount tells whether m names an image, or an image sub path (refused without
+// an image rather than ignored). An empty ImageSpec on a host path mount is not one.
+func isImageMount(m *runtime.Mount) bool {
+	return m.GetImage().GetImage() != "" || m.GetImageSubPath() != ""
+}
+
+// hasImageVolumes tells whether any mount of cfg is an image mount.
 func hasImageVolumes(cfg *runtime.ContainerConfig) bool {
-	for _, m := range cfg.GetMounts() {
-		if m.GetImage() != nil || m.GetImageSubPath() != "" {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(cfg.GetMounts(), isImageMount)
 }
 
 // mountImageVolumes mounts the image of every mount of cfg that names one and returns
@@ -64,7 +66,7 @@ func (s *Service) mountImageVolumes(id string, cfg *runtime.ContainerConfig) (_ 
 	out := proto.Clone(cfg).(*runtime.ContainerConfig)
 	roots := map[string]string{} // image ID -> where it is mounted
 	for _, m := range out.GetMounts() {
-		if m.GetImage() == nil && m.GetImageSubPath() == "" {
+		if !isImageMount(m) {
 			continue
 		}
 		root, err := s.imageVolumeRoot(id, m, roots)

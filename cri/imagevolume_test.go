@@ -96,6 +96,7 @@ func TestHasImageVolumes(t *testing.T) {
 		{"none", nil, false},
 		{"host paths", []*runtime.Mount{{ContainerPath: "/a", HostPath: "/tmp"}}, false},
 		{"image", []*runtime.Mount{{ContainerPath: "/a", HostPath: "/tmp"}, {ContainerPath: "/b", Image: &runtime.ImageSpec{Image: "x"}}}, true},
+		{"empty image spec", []*runtime.Mount{{ContainerPath: "/a", HostPath: "/tmp", Image: &runtime.ImageSpec{}}}, false},
 		// Caught so that mountImageVolumes refuses it rather than the spec ignoring it.
 		{"sub path alone", []*runtime.Mount{{ContainerPath: "/a", HostPath: "/tmp", ImageSubPath: "d"}}, true},
 	}
