@@ -221,7 +221,7 @@ func (c *Controller) Create(ctx context.Context, spec Spec) (_ *Status, retErr e
 	if !ok {
 		return nil, fmt.Errorf("runtime handler %q is not configured: %w", spec.Handler, errdefs.ErrInvalidArgument)
 	}
-	shimBin, err := resolveShim(rt.Shim)
+	shimBin, err := ResolveShim(rt.Shim)
 	if err != nil {
 		return nil, fmt.Errorf("runtime handler %q: %w", spec.Handler, errdefs.ErrFailedPrecondition.WithMessage(err.Error()))
 	}

@@ -178,9 +178,9 @@ func waitGone(pid int, timeout time.Duration) bool {
 	return true
 }
 
-// resolveShim finds a shim binary: an absolute path as is, else next to criserver's
+// ResolveShim finds a shim binary: an absolute path as is, else next to criserver's
 // own binary (so `make run` from a build dir works), else on PATH.
-func resolveShim(name string) (string, error) {
+func ResolveShim(name string) (string, error) {
 	if filepath.IsAbs(name) {
 		if _, err := os.Stat(name); err != nil {
 			return "", fmt.Errorf("shim binary %s: %w", name, err)

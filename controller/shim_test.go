@@ -131,3 +131,28 @@ func TestRemoveStraySockets(t *testing.T) {
 		}
 	}
 }
+
+func TestResolveShim(t *testing.T) {
+	dir := t.TempDir()
+	abs := filepath.Join(dir, "myshim")
+	if err := os.WriteFile(abs, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir)
+	for _, tc := range []struct {
+		name, shim string
+		ok         bool
+	}{
+		{"absolute", abs, true},
+		{"absolute missing", filepath.Join(dir, "nope"), false},
+		{"on PATH", "myshim", true},
+		{"nowhere", "no-such-shim-xyz", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := ResolveShim(tc.shim)
+			if (err == nil) != tc.ok || (tc.ok && p != abs) {
+				t.Errorf("ResolveShim(%q) = %q, %v; want ok=%v", tc.shim, p, err, tc.ok)
+			}
+		})
+	}
+}

@@ -8,11 +8,9 @@ package preflight
 import (
 	"fmt"
 	"io"
-	"os"
-	"os/exec"
-	"path/filepath"
 
 	"github.com/crisp-runtime/crisp/config"
+	"github.com/crisp-runtime/crisp/controller"
 	"github.com/crisp-runtime/crisp/cri/spec"
 )
 
@@ -72,7 +70,7 @@ func Default() Host {
 		KubeletConfig:     DefaultKubeletConfig,
 		RecursiveReadOnly: spec.RecursiveReadOnlySupported,
 		IDMappedMounts:    spec.IDMappedMountsSupported,
-		ResolveShim:       resolveShim,
+		ResolveShim:       controller.ResolveShim,
 	}
 }
 
@@ -101,27 +99,4 @@ func Write(w io.Writer, results []Result) (failed bool) {
 		}
 	}
 	return failed
-}
-
-// resolveShim finds a shim binary exactly as the controller's resolveShim does (an
-// absolute path as is, else next to the running binary, else on PATH); that one is
-// unexported in package controller, so the three rules are repeated here.
-func resolveShim(name string) (string, error) {
-	if filepath.IsAbs(name) {
-		if _, err := os.Stat(name); err != nil {
-			return "", fmt.Errorf("shim binary %s: %w", name, err)
-		}
-		return name, nil
-	}
-	if self, err := os.Executable(); err == nil {
-		p := filepath.Join(filepath.Dir(self), name)
-		if st, err := os.Stat(p); err == nil && !st.IsDir() {
-			return p, nil
-		}
-	}
-	p, err := exec.LookPath(name)
-	if err != nil {
-		return "", fmt.Errorf("shim binary %q not found next to criserver or on PATH: %w", name, err)
-	}
-	return p, nil
 }
