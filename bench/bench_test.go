@@ -29,6 +29,7 @@ var (
 	churnFor   = flag.Duration("churn", 60*time.Second, "how long the 10-client churn runs per runtime")
 	only       = flag.String("only", "", "run one runtime only (crisp or containerd)")
 	hold       = flag.Duration("hold", 0, "keep the 20 memory pods this long after measuring them (to profile them by hand)")
+	metricsOn  = flag.Bool("crisp-metrics", false, "serve crisp's Prometheus metrics on a loopback port while measuring (what they cost)")
 )
 
 // benchRoot holds every runtime's files; short, because shim socket paths grow under it.
@@ -87,7 +88,7 @@ func TestBench(t *testing.T) {
 			break
 		}
 		spec := Spec{Name: r.name, Dir: filepath.Join(benchRoot, r.name), Bridge: r.bridge, Subnet: r.subnet,
-			Registry: host, PauseImage: pause, Bin: *binDir}
+			Registry: host, PauseImage: pause, Bin: *binDir, Metrics: *metricsOn}
 		if err := os.MkdirAll(spec.Dir, 0o711); err != nil {
 			t.Fatal(err)
 		}

@@ -55,6 +55,8 @@ type Spec struct {
 	PauseImage string
 	// Bin is crisp's bin directory (criserver and shim-runc).
 	Bin string
+	// Metrics has crisp serve its Prometheus metrics (on a free loopback port).
+	Metrics bool
 }
 
 // conflist is the CNI network both runtimes get: crisp's default network (bridge with
@@ -153,6 +155,9 @@ conf_dir = %q
 shim = %q
 namespace = "k8s.io"
 `, d.Socket, filepath.Join(s.Dir, "root"), filepath.Join(s.Dir, "state"), netd, filepath.Join(s.Bin, "shim-runc"))
+	if s.Metrics {
+		cfg += "[metrics]\naddress = \"127.0.0.1:0\"\n"
+	}
 	path := filepath.Join(s.Dir, "config.toml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		return nil, err
