@@ -228,9 +228,9 @@ func (s *Service) Pull(ctx context.Context, ref string, auth *remote.Auth) (*Ima
 	}
 	name := named.String()
 	start := time.Now()
-	img, err := s.pull(ctx, named, auth)
+	img, downloaded, err := s.pull(ctx, named, auth)
 	if err == nil {
-		s.cfg.Metrics.ObservePull(time.Since(start), img.Size, nil)
+		s.cfg.Metrics.ObservePull(time.Since(start), downloaded, nil)
 		return img, nil
 	}
 	s.cfg.Metrics.ObservePull(time.Since(start), 0, err)
@@ -264,8 +264,9 @@ func (s *Service) freeAfterFullDisk(ctx context.Context, name string, start time
 		"free_bytes", free, "free_bytes_after_cleanup", after, "err", pullErr, "cleanup_err", gcErr)
 }
 
-// pull is Pull under the pull lock, which keeps image removal's GC away.
-func (s *Service) pull(ctx context.Context, named reference.Named, auth *remote.Auth) (*Image, error) {
+// pull is Pull under the pull lock, which keeps image removal's GC away. It also
+// returns the bytes it downloaded from the registry.
+func (s *Service) pull(ctx context.Context, named reference.Named, auth *remote.Auth) (*Image, int64, error) {
 	name := named.String()
 	s.gcMu.RLock()
 	defer s.gcMu.RUnlock()
@@ -273,23 +274,23 @@ func (s *Service) pull(ctx context.Context, named reference.Named, auth *remote.
 	start := time.Now()
 	fetched, err := s.puller.Pull(ctx, name, auth)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	downloaded := time.Since(start)
 	cfgBytes, err := s.content.ReadAll(fetched.ConfigDigest, maxConfigSize)
 	if errdefs.IsOutOfRange(err) {
 		// The puller refuses such a config before downloading it; this is the backstop.
-		return nil, fmt.Errorf("pull %s: image config %s is larger than the %d bytes allowed: %w", name, fetched.ConfigDigest, maxConfigSize, errdefs.ErrInvalidArgument)
+		return nil, 0, fmt.Errorf("pull %s: image config %s is larger than the %d bytes allowed: %w", name, fetched.ConfigDigest, maxConfigSize, errdefs.ErrInvalidArgument)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("pull %s: read config: %w", name, err)
+		return nil, 0, fmt.Errorf("pull %s: read config: %w", name, err)
 	}
 	var spec ocispec.Image
 	if err := json.Unmarshal(cfgBytes, &spec); err != nil {
-		return nil, fmt.Errorf("pull %s: decode image config %s: %v: %w", name, fetched.ConfigDigest, err, errdefs.ErrInvalidArgument)
+		return nil, 0, fmt.Errorf("pull %s: decode image config %s: %v: %w", name, fetched.ConfigDigest, err, errdefs.ErrInvalidArgument)
 	}
 	if len(spec.RootFS.DiffIDs) != len(fetched.Layers) {
-		return nil, fmt.Errorf("pull %s: config lists %d layers, manifest %d: %w", name, len(spec.RootFS.DiffIDs), len(fetched.Layers), errdefs.ErrInvalidArgument)
+		return nil, 0, fmt.Errorf("pull %s: config lists %d layers, manifest %d: %w", name, len(spec.RootFS.DiffIDs), len(fetched.Layers), errdefs.ErrInvalidArgument)
 	}
 	chain := chainIDs(spec.RootFS.DiffIDs)
 	for i, l := range fetched.Layers {
@@ -298,7 +299,7 @@ func (s *Service) pull(ctx context.Context, named reference.Named, auth *remote.
 			parent = chain[i-1]
 		}
 		if err := s.unpack(ctx, name, l, spec.RootFS.DiffIDs[i], chain[i], parent); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 	}
 	size := int64(len(cfgBytes))
@@ -327,10 +328,10 @@ func (s *Service) pull(ctx context.Context, named reference.Named, auth *remote.
 	}
 	out, err := s.record(img, refs)
 	if err != nil {
-		return nil, fmt.Errorf("pull %s: %w", name, err)
+		return nil, 0, fmt.Errorf("pull %s: %w", name, err)
 	}
 	s.log.Info("image pulled", "ref", name, "id", img.ID, "size", size, "download", downloaded, "total", time.Since(start))
-	return out, nil
+	return out, fetched.Downloaded, nil
 }
 
 // unpack applies one layer as snapshot chainID, verifying that its uncompressed

@@ -116,7 +116,7 @@ func New() *Metrics {
 		}, []string{"result"}),
 		pullBytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "image_pulled_bytes_total",
-			Help: "Size (compressed layers and config) of the images pulled successfully.",
+			Help: "Bytes downloaded from registries by successful image pulls.",
 		}),
 		pullDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "image_pull_duration_seconds",
@@ -216,8 +216,8 @@ func (m *Metrics) ObserveCNI(op string, d time.Duration, err error) {
 	}
 }
 
-// ObservePull records an image pull that took d and failed with err; bytes is the
-// image's size when it succeeded.
+// ObservePull records an image pull that took d and failed with err; bytes is what it
+// downloaded when it succeeded.
 func (m *Metrics) ObservePull(d time.Duration, bytes int64, err error) {
 	if m == nil {
 		return

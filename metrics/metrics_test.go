@@ -84,7 +84,7 @@ crisp_image_pulls_total{result="error"} 1
 crisp_image_pulls_total{result="success"} 1
 `},
 		{"crisp_image_pulled_bytes_total", `
-# HELP crisp_image_pulled_bytes_total Size (compressed layers and config) of the images pulled successfully.
+# HELP crisp_image_pulled_bytes_total Bytes downloaded from registries by successful image pulls.
 # TYPE crisp_image_pulled_bytes_total counter
 crisp_image_pulled_bytes_total 1000
 `},

@@ -101,6 +101,9 @@ type Image struct {
 	RepoDigest   string
 	ConfigDigest digest.Digest // = the image ID
 	Layers       []Layer       // bottom first; DiffIDs from the config's rootfs.diff_ids
+	// Downloaded is what this pull transferred from the registry: blobs already in the
+	// store, or shared with a concurrent pull that fetched them, are not counted.
+	Downloaded int64
 }
 
 // Puller pulls images from registries into a content store. It is safe for
@@ -201,6 +204,7 @@ func (p *Puller) Pull(ctx context.Context, ref string, auth *Auth) (*Image, erro
 		img, err := p.pullFrom(ctx, named, ep, auth, &stats)
 		if err == nil {
 			img.Name = name
+			img.Downloaded = stats.bytes.Load()
 			img.RepoDigest = reference.TrimNamed(named).String() + "@" + img.ManifestDigest.String()
 			if img.IndexDigest != "" {
 				img.RepoDigest = reference.TrimNamed(named).String() + "@" + img.IndexDigest.String()

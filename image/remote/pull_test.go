@@ -183,6 +183,37 @@ func TestPullSinglePlatform(t *testing.T) {
 	}
 }
 
+// Downloaded counts what a pull transferred: everything the first time, nothing when
+// every blob is in the store already.
+func TestPullCountsDownloadedBytes(t *testing.T) {
+	host := imagetest.StartRegistry(t)
+	var layers []v1.Layer
+	for _, entries := range twoLayerEntries() {
+		layers = append(layers, imagetest.NewLayer(t, imagetest.OCI, imagetest.Gzip, entries...))
+	}
+	img := imagetest.NewImage(t, imagetest.ImageOptions{}, layers...)
+	imagetest.Push(t, host, "counted:v1", img)
+	p, _ := newPuller(t, Config{})
+	first, err := p.Pull(context.Background(), host+"/counted:v1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var blobs int64
+	for _, l := range first.Layers {
+		blobs += l.Size
+	}
+	if first.Downloaded < blobs {
+		t.Errorf("first pull downloaded %d bytes, less than its layers' %d", first.Downloaded, blobs)
+	}
+	again, err := p.Pull(context.Background(), host+"/counted:v1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Downloaded >= first.Downloaded {
+		t.Errorf("second pull downloaded %d bytes, want fewer than the first's %d (blobs are stored)", again.Downloaded, first.Downloaded)
+	}
+}
+
 func TestPullBusybox(t *testing.T) {
 	host := imagetest.StartRegistry(t)
 	img := imagetest.BusyboxImage(t, imagetest.OCI, imagetest.Gzip)
@@ -201,6 +232,10 @@ func TestPullBusybox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if again.Downloaded != 0 {
+		t.Errorf("second pull downloaded %d bytes, want 0", again.Downloaded)
+	}
+	again.Downloaded = got.Downloaded
 	if fmt.Sprint(again) != fmt.Sprint(got) {
 		t.Errorf("second pull = %+v, want %+v", again, got)
 	}
