@@ -17,13 +17,16 @@ import (
 
 // Topics as containerd names them (core/runtime/events.go).
 const (
-	TopicCreate      = "/tasks/create"
-	TopicStart       = "/tasks/start"
-	TopicOOM         = "/tasks/oom"
-	TopicExit        = "/tasks/exit"
-	TopicDelete      = "/tasks/delete"
-	TopicExecAdded   = "/tasks/exec-added"
-	TopicExecStarted = "/tasks/exec-started"
+	TopicCreate       = "/tasks/create"
+	TopicStart        = "/tasks/start"
+	TopicOOM          = "/tasks/oom"
+	TopicExit         = "/tasks/exit"
+	TopicDelete       = "/tasks/delete"
+	TopicExecAdded    = "/tasks/exec-added"
+	TopicExecStarted  = "/tasks/exec-started"
+	TopicPaused       = "/tasks/paused"
+	TopicResumed      = "/tasks/resumed"
+	TopicCheckpointed = "/tasks/checkpointed"
 )
 
 // Event is one task event: its topic, the type URL containerd's typeurl gives it (the
@@ -86,21 +89,37 @@ type TaskExecStarted struct {
 	Pid                 uint32
 }
 
-func (TaskCreate) Topic() string      { return TopicCreate }
-func (TaskStart) Topic() string       { return TopicStart }
-func (TaskDelete) Topic() string      { return TopicDelete }
-func (TaskExit) Topic() string        { return TopicExit }
-func (TaskOOM) Topic() string         { return TopicOOM }
-func (TaskExecAdded) Topic() string   { return TopicExecAdded }
-func (TaskExecStarted) Topic() string { return TopicExecStarted }
+// TaskPaused is containerd.events.TaskPaused.
+type TaskPaused struct{ ContainerID string }
 
-func (TaskCreate) TypeURL() string      { return "containerd.events.TaskCreate" }
-func (TaskStart) TypeURL() string       { return "containerd.events.TaskStart" }
-func (TaskDelete) TypeURL() string      { return "containerd.events.TaskDelete" }
-func (TaskExit) TypeURL() string        { return "containerd.events.TaskExit" }
-func (TaskOOM) TypeURL() string         { return "containerd.events.TaskOOM" }
-func (TaskExecAdded) TypeURL() string   { return "containerd.events.TaskExecAdded" }
-func (TaskExecStarted) TypeURL() string { return "containerd.events.TaskExecStarted" }
+// TaskResumed is containerd.events.TaskResumed.
+type TaskResumed struct{ ContainerID string }
+
+// TaskCheckpointed is containerd.events.TaskCheckpointed; Checkpoint is where the
+// images went.
+type TaskCheckpointed struct{ ContainerID, Checkpoint string }
+
+func (TaskCreate) Topic() string       { return TopicCreate }
+func (TaskStart) Topic() string        { return TopicStart }
+func (TaskDelete) Topic() string       { return TopicDelete }
+func (TaskExit) Topic() string         { return TopicExit }
+func (TaskOOM) Topic() string          { return TopicOOM }
+func (TaskExecAdded) Topic() string    { return TopicExecAdded }
+func (TaskExecStarted) Topic() string  { return TopicExecStarted }
+func (TaskPaused) Topic() string       { return TopicPaused }
+func (TaskResumed) Topic() string      { return TopicResumed }
+func (TaskCheckpointed) Topic() string { return TopicCheckpointed }
+
+func (TaskCreate) TypeURL() string       { return "containerd.events.TaskCreate" }
+func (TaskStart) TypeURL() string        { return "containerd.events.TaskStart" }
+func (TaskDelete) TypeURL() string       { return "containerd.events.TaskDelete" }
+func (TaskExit) TypeURL() string         { return "containerd.events.TaskExit" }
+func (TaskOOM) TypeURL() string          { return "containerd.events.TaskOOM" }
+func (TaskExecAdded) TypeURL() string    { return "containerd.events.TaskExecAdded" }
+func (TaskExecStarted) TypeURL() string  { return "containerd.events.TaskExecStarted" }
+func (TaskPaused) TypeURL() string       { return "containerd.events.TaskPaused" }
+func (TaskResumed) TypeURL() string      { return "containerd.events.TaskResumed" }
+func (TaskCheckpointed) TypeURL() string { return "containerd.events.TaskCheckpointed" }
 
 // AppendProto implements Event.
 func (e TaskCreate) AppendProto(b []byte) []byte {
@@ -155,6 +174,17 @@ func (e TaskExit) AppendProto(b []byte) []byte {
 
 // AppendProto implements Event.
 func (e TaskOOM) AppendProto(b []byte) []byte { return appendString(b, 1, e.ContainerID) }
+
+// AppendProto encodes containerd.events.TaskPaused.
+func (e TaskPaused) AppendProto(b []byte) []byte { return appendString(b, 1, e.ContainerID) }
+
+// AppendProto encodes containerd.events.TaskResumed.
+func (e TaskResumed) AppendProto(b []byte) []byte { return appendString(b, 1, e.ContainerID) }
+
+// AppendProto encodes containerd.events.TaskCheckpointed.
+func (e TaskCheckpointed) AppendProto(b []byte) []byte {
+	return appendString(appendString(b, 1, e.ContainerID), 2, e.Checkpoint)
+}
 
 // AppendProto implements Event.
 func (e TaskExecAdded) AppendProto(b []byte) []byte {

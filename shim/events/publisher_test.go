@@ -81,6 +81,9 @@ func TestPublishMatchesContainerdMessages(t *testing.T) {
 		{TaskExecAdded{ContainerID: "c1", ExecID: "e1"}, &apievents.TaskExecAdded{ContainerID: "c1", ExecID: "e1"}},
 		{TaskExecStarted{ContainerID: "c1", ExecID: "e1", Pid: 43}, &apievents.TaskExecStarted{ContainerID: "c1", ExecID: "e1", Pid: 43}},
 		{TaskOOM{ContainerID: "c1"}, &apievents.TaskOOM{ContainerID: "c1"}},
+		{TaskPaused{ContainerID: "c1"}, &apievents.TaskPaused{ContainerID: "c1"}},
+		{TaskResumed{ContainerID: "c1"}, &apievents.TaskResumed{ContainerID: "c1"}},
+		{TaskCheckpointed{ContainerID: "c1", Checkpoint: "/cp/c1"}, &apievents.TaskCheckpointed{ContainerID: "c1", Checkpoint: "/cp/c1"}},
 		{TaskExit{ContainerID: "c1", ID: "c1", Pid: 42, ExitStatus: 137, ExitedAt: exited}, &apievents.TaskExit{ContainerID: "c1", ID: "c1", Pid: 42, ExitStatus: 137}},
 		{TaskDelete{ContainerID: "c1", Pid: 42, ExitStatus: 137, ExitedAt: exited}, &apievents.TaskDelete{ContainerID: "c1", Pid: 42, ExitStatus: 137}},
 	}

@@ -14,6 +14,7 @@ import (
 
 	taskv3 "github.com/crisp-runtime/crisp/api/containerd/task/v3"
 	taskapi "github.com/crisp-runtime/crisp/api/containerd/types/task"
+	"github.com/crisp-runtime/crisp/shim/events"
 	"github.com/opencontainers/runc/libcontainer"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -180,6 +181,7 @@ func (s *Service) Checkpoint(ctx context.Context, req *taskv3.CheckpointTaskRequ
 		return nil, internal("checkpoint container %q with CRIU: %v%s", c.id, err, criuLogErrors(filepath.Join(criuLogDir(images, opts.workPath), "dump.log")))
 	}
 	c.log.Info("container checkpointed", "images", images, "leave_running", !opts.exit, "duration", time.Since(start))
+	s.events.Publish(events.TaskCheckpointed{ContainerID: c.id, Checkpoint: images})
 	s.releaseMemory()
 	return &emptypb.Empty{}, nil
 }
@@ -201,6 +203,7 @@ func (s *Service) Pause(ctx context.Context, req *taskv3.PauseRequest) (*emptypb
 	}
 	c.paused.Store(true)
 	c.log.Info("container paused")
+	s.events.Publish(events.TaskPaused{ContainerID: c.id})
 	return &emptypb.Empty{}, nil
 }
 
@@ -218,6 +221,7 @@ func (s *Service) Resume(ctx context.Context, req *taskv3.ResumeRequest) (*empty
 	}
 	if c.paused.Swap(false) {
 		c.log.Info("container resumed")
+		s.events.Publish(events.TaskResumed{ContainerID: c.id})
 	}
 	return &emptypb.Empty{}, nil
 }
