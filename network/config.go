@@ -145,8 +145,8 @@ func defaultConfList(c Config) ([]byte, error) {
 	return append(b, '\n'), nil
 }
 
-// confFiles lists the CNI config files of dir in the order they are chosen.
-func confFiles(dir string) ([]string, error) {
+// ConfigFiles lists the CNI config files of dir in the order they are chosen.
+func ConfigFiles(dir string) ([]string, error) {
 	files, err := libcni.ConfFiles(dir, confExts)
 	if err != nil {
 		return nil, fmt.Errorf("list CNI configs in %s: %w", dir, err)
@@ -158,7 +158,7 @@ func confFiles(dir string) ([]string, error) {
 // writeDefault writes the default config into c.ConfDir unless it already holds one.
 // It reports whether it wrote the file.
 func writeDefault(c Config) (bool, error) {
-	files, err := confFiles(c.ConfDir)
+	files, err := ConfigFiles(c.ConfDir)
 	if err != nil || len(files) > 0 {
 		return false, err
 	}
@@ -172,9 +172,9 @@ func writeDefault(c Config) (bool, error) {
 	return true, nil
 }
 
-// loadFile parses one config file; a single-plugin .conf/.json is lifted into a list
+// LoadConfigFile parses one config file; a single-plugin .conf/.json is lifted into a list
 // (libcni deprecated its helpers for that, but kubelet-era configs still use it).
-func loadFile(path string) (*libcni.NetworkConfigList, error) {
+func LoadConfigFile(path string) (*libcni.NetworkConfigList, error) {
 	var list *libcni.NetworkConfigList
 	if strings.HasSuffix(path, ".conflist") {
 		l, err := libcni.NetworkConfFromFile(path)
@@ -274,7 +274,7 @@ func (s *confState) stale() bool {
 func scan(dir string) *confState {
 	// Stamps are taken before reading so a change racing the read is seen next time.
 	st := &confState{dir: stamp(dir)}
-	files, err := confFiles(dir)
+	files, err := ConfigFiles(dir)
 	if err != nil {
 		st.err = err
 		return st
@@ -282,7 +282,7 @@ func scan(dir string) *confState {
 	var skipped []string
 	for _, f := range files {
 		st.files = append(st.files, stamp(f))
-		list, err := loadFile(f)
+		list, err := LoadConfigFile(f)
 		if err != nil {
 			skipped = append(skipped, fmt.Sprintf("%s: %v", filepath.Base(f), err))
 			continue

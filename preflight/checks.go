@@ -6,14 +6,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 
-	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/invoke"
 	"sigs.k8s.io/yaml"
 
 	"github.com/crisp-runtime/crisp/config"
+	"github.com/crisp-runtime/crisp/network"
 )
 
 // checkOverlay: image snapshots are overlay mounts, so every pod needs overlayfs.
@@ -264,19 +263,19 @@ func checkCgroupDriver(h Host, driver string) Result {
 var defaultPlugins = []string{"bridge", "host-local", "portmap"}
 
 // checkCNI finds the config criserver will use (the lexically first usable one in
-// conf_dir, broken ones skipped, as package network chooses it) and every plugin it
-// needs in bin_dirs. network.New cannot be used: it writes the default config and
-// retries pending DELs, which a check must not do next to a running criserver.
+// conf_dir, broken ones skipped, read with package network's own ConfigFiles and
+// LoadConfigFile) and every plugin it needs in bin_dirs. network.New cannot be used:
+// it writes the default config and retries pending DELs, which a check must not do
+// next to a running criserver.
 func checkCNI(c config.CNIConfig) []Result {
 	conf := Result{Name: "cni.config"}
 	plugins := Result{Name: "cni.plugins"}
-	files, err := libcni.ConfFiles(c.ConfDir, []string{".conflist", ".conf", ".json"})
+	files, err := network.ConfigFiles(c.ConfDir)
 	if err != nil {
 		conf.Status, conf.Detail = Fail, fmt.Sprintf("list %s: %v", c.ConfDir, err)
 		plugins.Status, plugins.Detail = Fail, "no network config to check"
 		return []Result{conf, plugins}
 	}
-	sort.Strings(files)
 	var types []string
 	var skipped []string
 	for _, f := range files {
@@ -318,44 +317,19 @@ func checkCNI(c config.CNIConfig) []Result {
 	return []Result{conf, plugins}
 }
 
-// configTypes loads one CNI config file and returns its plugin and IPAM types.
+// configTypes loads one CNI config file as package network does and returns its plugin
+// and IPAM types.
 func configTypes(path string) ([]string, error) {
+	list, err := network.LoadConfigFile(path)
+	if err != nil {
+		return nil, err
+	}
 	var types []string
-	add := func(n *libcni.PluginConfig) error {
-		if n.Network.Type == "" {
-			return errors.New("a plugin has no type")
-		}
-		types = append(types, n.Network.Type)
-		if t := n.Network.IPAM.Type; t != "" {
+	for _, p := range list.Plugins {
+		types = append(types, p.Network.Type)
+		if t := p.Network.IPAM.Type; t != "" {
 			types = append(types, t)
 		}
-		return nil
-	}
-	if strings.HasSuffix(path, ".conflist") {
-		list, err := libcni.NetworkConfFromFile(path)
-		if err != nil {
-			return nil, err
-		}
-		if len(list.Plugins) == 0 {
-			return nil, errors.New("no plugins")
-		}
-		for _, p := range list.Plugins {
-			if err := add(p); err != nil {
-				return nil, err
-			}
-		}
-		return types, nil
-	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	p, err := libcni.NetworkPluginConfFromBytes(data)
-	if err != nil {
-		return nil, fmt.Errorf("%w (a plugin list must be named *.conflist)", err)
-	}
-	if err := add(p); err != nil {
-		return nil, err
 	}
 	return types, nil
 }
