@@ -33,6 +33,21 @@ const (
 	PhaseCNI          = "cni"
 	PhaseShimStart    = "shim_start"
 	PhaseSandboxStart = "sandbox_start"
+	// PhaseCreateSandbox and PhaseStartSandbox split sandbox_start into the shim's
+	// CreateSandbox and StartSandbox calls.
+	PhaseCreateSandbox = "create_sandbox"
+	PhaseStartSandbox  = "start_sandbox"
+	// PhasePodFiles is writing the pod's hostname, hosts and resolv.conf files.
+	PhasePodFiles = "pod_files"
+)
+
+// Phases of a container create (label phase of
+// crisp_container_create_phase_duration_seconds).
+const (
+	CreatePhaseSnapshot   = "snapshot"    // the writable layer prepared
+	CreatePhaseUser       = "user_lookup" // the image's user resolved in its rootfs
+	CreatePhaseSpec       = "spec"        // the OCI spec built and written to the bundle
+	CreatePhaseTaskCreate = "task_create" // the shim's task Create
 )
 
 // CNI operations (label operation of crisp_cni_operation_duration_seconds).
@@ -60,17 +75,18 @@ type Metrics struct {
 	reg  *prometheus.Registry
 	grpc *grpcprom.ServerMetrics
 
-	podStart      prometheus.Histogram
-	podStartPhase *prometheus.HistogramVec
-	ctrCreate     prometheus.Histogram
-	ctrStart      prometheus.Histogram
-	cni           *prometheus.HistogramVec
-	pulls         *prometheus.CounterVec
-	pullBytes     prometheus.Counter
-	pullDuration  *prometheus.HistogramVec
-	shimsDead     prometheus.Counter
-	recovered     *prometheus.CounterVec
-	exits         *prometheus.CounterVec
+	podStart       prometheus.Histogram
+	podStartPhase  *prometheus.HistogramVec
+	ctrCreate      prometheus.Histogram
+	ctrCreatePhase *prometheus.HistogramVec
+	ctrStart       prometheus.Histogram
+	cni            *prometheus.HistogramVec
+	pulls          *prometheus.CounterVec
+	pullBytes      prometheus.Counter
+	pullDuration   *prometheus.HistogramVec
+	shimsDead      prometheus.Counter
+	recovered      *prometheus.CounterVec
+	exits          *prometheus.CounterVec
 }
 
 // New returns metrics registered in a registry of their own, with the Go runtime and
@@ -100,6 +116,11 @@ func New() *Metrics {
 			Help:    "Time CreateContainer took for containers it created.",
 			Buckets: fastBuckets,
 		}),
+		ctrCreatePhase: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "container_create_phase_duration_seconds",
+			Help:    "Time of each part of a successful container create: snapshot, user_lookup, spec, task_create.",
+			Buckets: fastBuckets,
+		}, []string{"phase"}),
 		ctrStart: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "container_start_duration_seconds",
 			Help:    "Time StartContainer took for containers it started.",
@@ -139,7 +160,7 @@ func New() *Metrics {
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.grpc, m.podStart, m.podStartPhase, m.ctrCreate, m.ctrStart, m.cni,
+		m.grpc, m.podStart, m.podStartPhase, m.ctrCreate, m.ctrCreatePhase, m.ctrStart, m.cni,
 		m.pulls, m.pullBytes, m.pullDuration, m.shimsDead, m.recovered, m.exits,
 	)
 	return m
@@ -199,6 +220,13 @@ func (m *Metrics) ObservePodStartPhase(phase string, d time.Duration) {
 func (m *Metrics) ObserveContainerCreate(d time.Duration) {
 	if m != nil {
 		m.ctrCreate.Observe(d.Seconds())
+	}
+}
+
+// ObserveContainerCreatePhase records one part (CreatePhase*) of a container create.
+func (m *Metrics) ObserveContainerCreatePhase(phase string, d time.Duration) {
+	if m != nil {
+		m.ctrCreatePhase.WithLabelValues(phase).Observe(d.Seconds())
 	}
 }
 
