@@ -23,6 +23,7 @@ import (
 	"github.com/crisp-runtime/crisp/cri/spec"
 	"github.com/crisp-runtime/crisp/image"
 	"github.com/crisp-runtime/crisp/image/remote"
+	"github.com/crisp-runtime/crisp/metrics"
 	"github.com/crisp-runtime/crisp/mount"
 )
 
@@ -170,6 +171,7 @@ func (s *Service) createContainer(ctx context.Context, p *pod, st *controller.St
 	}
 	id := newID()
 	log := s.log.With("container", id, "name", cfg.GetMetadata().GetName(), "pod", p.rec.ID)
+	ph := phases{}
 
 	// 1. The name.
 	nameKey := containerName(cfg.GetMetadata(), p.config.GetMetadata())
@@ -183,7 +185,9 @@ func (s *Service) createContainer(ctx context.Context, p *pod, st *controller.St
 	}()
 
 	// 2. The writable rootfs.
+	end := ph.start(metrics.CreatePhaseSnapshot)
 	snapMounts, err := s.images.PrepareRootfs(id, img)
+	end()
 	if err != nil {
 		return "", fmt.Errorf("prepare rootfs of container %s: %w", id, err)
 	}
@@ -223,7 +227,7 @@ func (s *Service) createContainer(ctx context.Context, p *pod, st *controller.St
 	if err != nil {
 		return "", err
 	}
-	res, err := s.generateSpec(id, specCfg, p, img, imgSpec, st, rootfs)
+	res, err := s.generateSpec(id, specCfg, p, img, imgSpec, st, rootfs, ph)
 	if err != nil {
 		return "", err
 	}
@@ -236,10 +240,13 @@ func (s *Service) createContainer(ctx context.Context, p *pod, st *controller.St
 	if dir, lp := p.config.GetLogDirectory(), cfg.GetLogPath(); dir != "" && lp != "" {
 		logPath = filepath.Join(dir, lp)
 	}
-	if _, err := s.ctrl.CreateContainer(ctx, controller.ContainerSpec{
+	end = ph.start(metrics.CreatePhaseTaskCreate)
+	_, err = s.ctrl.CreateContainer(ctx, controller.ContainerSpec{
 		ID: id, SandboxID: p.rec.ID, Spec: res.Spec, Rootfs: rootfs, LogPath: logPath, Terminal: cfg.GetTty(), Stdin: cfg.GetStdin(),
 		Checkpoint: restore.imagesDir(),
-	}); err != nil {
+	})
+	end()
+	if err != nil {
 		return "", err
 	}
 	defer func() {
@@ -272,6 +279,7 @@ func (s *Service) createContainer(ctx context.Context, p *pod, st *controller.St
 	s.containers[id] = c
 	s.mu.Unlock()
 	s.emitContainerEvent(id, p.rec.ID, runtime.ContainerEventType_CONTAINER_CREATED_EVENT)
+	ph.observe(s.metrics.ObserveContainerCreatePhase)
 	return id, nil
 }
 
@@ -300,17 +308,22 @@ func (s *Service) imageTag(imageID, userImage string) string {
 }
 
 // generateSpec mounts the rootfs briefly so the spec can resolve users and groups
-// from the image's own /etc/passwd and /etc/group.
-func (s *Service) generateSpec(id string, cfg *runtime.ContainerConfig, p *pod, img *image.Image, imgSpec ocispec.Image, st *controller.Status, rootfs []mount.Mount) (*spec.Result, error) {
+// from the image's own /etc/passwd and /etc/group; ph gets the mount and unmount as
+// the user lookup and the generation as the spec.
+func (s *Service) generateSpec(id string, cfg *runtime.ContainerConfig, p *pod, img *image.Image, imgSpec ocispec.Image, st *controller.Status, rootfs []mount.Mount, ph phases) (*spec.Result, error) {
 	tmp, err := os.MkdirTemp(filepath.Join(s.cfg.StateDir), "rootfs-")
 	if err != nil {
 		return nil, fmt.Errorf("temp dir for rootfs: %w", err)
 	}
 	defer os.Remove(tmp)
-	if err := mount.All(rootfs, tmp); err != nil {
+	end := ph.start(metrics.CreatePhaseUser)
+	err = mount.All(rootfs, tmp)
+	end()
+	if err != nil {
 		return nil, fmt.Errorf("mount rootfs of image %s: %w", img.ID, err)
 	}
 	defer func() {
+		defer ph.start(metrics.CreatePhaseUser)()
 		if err := mount.Unmount(tmp); err != nil {
 			s.log.Warn("unmount temporary rootfs", "dir", tmp, "err", err)
 		}
@@ -327,6 +340,7 @@ func (s *Service) generateSpec(id string, cfg *runtime.ContainerConfig, p *pod, 
 		}
 		targetPid = int(rec.Pid)
 	}
+	defer ph.start(metrics.CreatePhaseSpec)()
 	return spec.Generate(spec.Input{
 		ContainerID:             id,
 		SandboxID:               p.rec.ID,
@@ -819,4 +833,23 @@ func idmappedMounts(ms []*runtime.Mount, pod *runtime.PodSandboxConfig) []*runti
 		out[i] = c
 	}
 	return out
+}
+
+// phases times the parts of one operation for a breakdown metric. The durations are
+// recorded only once the whole operation succeeded: the parts of a failed one (often
+// cut short) would skew the breakdown of those that work.
+type phases map[string]time.Duration
+
+// start begins timing phase; the function it returns ends it. A phase timed more than
+// once adds up.
+func (ph phases) start(phase string) (end func()) {
+	t := time.Now()
+	return func() { ph[phase] += time.Since(t) }
+}
+
+// observe records every phase with record (a metrics Observe*Phase method).
+func (ph phases) observe(record func(phase string, d time.Duration)) {
+	for phase, d := range ph {
+		record(phase, d)
+	}
 }

@@ -20,6 +20,7 @@ import (
 	options "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/controller"
 	"github.com/crisp-runtime/crisp/cri/spec"
+	"github.com/crisp-runtime/crisp/metrics"
 	"github.com/crisp-runtime/crisp/network"
 )
 
@@ -159,7 +160,11 @@ func (s *Service) RunPodSandbox(ctx context.Context, req *runtime.RunPodSandboxR
 	}()
 
 	// 4. The files containers will bind-mount.
-	if err := podFiles(s.podDir(id), hostname, st.IP, cfg, hostNet); err != nil {
+	ph := phases{}
+	end := ph.start(metrics.PhasePodFiles)
+	err = podFiles(s.podDir(id), hostname, st.IP, cfg, hostNet)
+	end()
+	if err != nil {
 		return nil, fmt.Errorf("prepare files of pod %s: %w", id, err)
 	}
 	defer func() {
@@ -189,6 +194,7 @@ func (s *Service) RunPodSandbox(ctx context.Context, req *runtime.RunPodSandboxR
 	s.emitPodEvent(p, runtime.ContainerEventType_CONTAINER_CREATED_EVENT)
 	s.emitPodEvent(p, runtime.ContainerEventType_CONTAINER_STARTED_EVENT)
 	s.metrics.ObservePodStart(time.Since(begin))
+	ph.observe(s.metrics.ObservePodStartPhase)
 	log.Info("pod sandbox ready", "ip", st.IP, "duration", time.Since(start))
 	return &runtime.RunPodSandboxResponse{PodSandboxId: id}, nil
 }
