@@ -405,6 +405,7 @@ func (c *Controller) startShim(ctx context.Context, sb *sandbox, spec Spec) (ret
 	if err != nil {
 		return fmt.Errorf("encode sandbox options: %w", err)
 	}
+	tc := time.Now()
 	if _, err := sb.svc.CreateSandbox(sctx, &sandboxapi.CreateSandboxRequest{
 		SandboxID:   spec.ID,
 		BundlePath:  sb.rec.Bundle,
@@ -414,10 +415,14 @@ func (c *Controller) startShim(ctx context.Context, sb *sandbox, spec Spec) (ret
 	}); err != nil {
 		return fmt.Errorf("create sandbox %s in shim: %w", spec.ID, fromShim(err))
 	}
+	ts := time.Now()
 	resp, err := sb.svc.StartSandbox(sctx, &sandboxapi.StartSandboxRequest{SandboxID: spec.ID})
 	if err != nil {
 		return fmt.Errorf("start sandbox %s in shim: %w", spec.ID, fromShim(err))
 	}
+	// sandbox_start's two parts: the shim's spec and cgroup work, and the pause process.
+	c.opts.Metrics.ObservePodStartPhase(metrics.PhaseCreateSandbox, ts.Sub(tc))
+	c.opts.Metrics.ObservePodStartPhase(metrics.PhaseStartSandbox, time.Since(ts))
 	sb.rec.Pid = resp.GetPid()
 	if t := resp.GetCreatedAt(); t != nil {
 		sb.rec.CreatedAt = t.AsTime()
