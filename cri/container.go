@@ -76,7 +76,7 @@ type container struct {
 	// whatever the order of recovery, StartContainer and exits.
 	monitored bool
 	cancel    context.CancelFunc
-	entry     *runtime.Container // the list entry, built by listEntry
+	entry     listed[*runtime.Container] // the list entry, built by listEntry
 }
 
 func newContainer(rec containerRecord, cfg *runtime.ContainerConfig, nameKey string) *container {
@@ -96,17 +96,17 @@ func (c *container) snapshot() containerRecord {
 // listEntry returns the container's ListContainers entry, built again only when its
 // state changed: every other field is fixed at creation, and kubelet lists all
 // containers every second. Concurrent responses share it; it must not be modified.
-func (c *container) listEntry() *runtime.Container {
+func (c *container) listEntry() listed[*runtime.Container] {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	state := criState(c.rec.State)
-	if c.entry == nil || c.entry.State != state {
-		c.entry = &runtime.Container{
+	if c.entry.entry == nil || c.entry.entry.State != state {
+		c.entry = newListed(&runtime.Container{
 			Id: c.rec.ID, PodSandboxId: c.rec.PodID, Metadata: c.config.GetMetadata(),
 			Image:    &runtime.ImageSpec{Image: c.rec.ImageID, UserSpecifiedImage: userImage(c.config.GetImage())},
 			ImageRef: c.rec.ImageRef, ImageId: c.rec.ImageID, State: state, CreatedAt: c.rec.CreatedAt,
 			Labels: c.config.GetLabels(), Annotations: c.config.GetAnnotations(),
-		}
+		}, &runtime.Container{})
 	}
 	return c.entry
 }
@@ -729,7 +729,7 @@ func criState(s string) runtime.ContainerState {
 
 // ListContainers lists containers matching the filter: id or prefix, state, pod, labels.
 func (s *Service) ListContainers(_ context.Context, req *runtime.ListContainersRequest) (*runtime.ListContainersResponse, error) {
-	return &runtime.ListContainersResponse{Containers: s.listContainers(req.GetFilter())}, nil
+	return &runtime.ListContainersResponse{Containers: wiresOf(s.listContainers(req.GetFilter()))}, nil
 }
 
 // containersWithPrefix returns the containers whose id starts with prefix (all for "").
@@ -747,11 +747,12 @@ func (s *Service) containersWithPrefix(prefix string) []*container {
 
 // listContainers is the one filter ListContainers and StreamContainers share, oldest
 // container first.
-func (s *Service) listContainers(f *runtime.ContainerFilter) []*runtime.Container {
+func (s *Service) listContainers(f *runtime.ContainerFilter) []listed[*runtime.Container] {
 	list := s.containersWithPrefix(f.GetId())
-	out := make([]*runtime.Container, 0, len(list))
+	out := make([]listed[*runtime.Container], 0, len(list))
 	for _, c := range list {
-		e := c.listEntry()
+		l := c.listEntry()
+		e := l.entry
 		if f.GetPodSandboxId() != "" && !strings.HasPrefix(e.PodSandboxId, f.GetPodSandboxId()) {
 			continue
 		}
@@ -761,9 +762,9 @@ func (s *Service) listContainers(f *runtime.ContainerFilter) []*runtime.Containe
 		if !labelsMatch(e.Labels, f.GetLabelSelector()) {
 			continue
 		}
-		out = append(out, e)
+		out = append(out, l)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt < out[j].CreatedAt })
+	sort.Slice(out, func(i, j int) bool { return out[i].entry.CreatedAt < out[j].entry.CreatedAt })
 	return out
 }
 

@@ -27,7 +27,7 @@ func BenchmarkListContainers200(b *testing.B) {
 	})
 	b.Run("handler+marshal", func(b *testing.B) {
 		for b.Loop() {
-			_, _ = proto.Marshal(&runtime.ListContainersResponse{Containers: s.listContainers(nil)})
+			_, _ = proto.Marshal(&runtime.ListContainersResponse{Containers: wiresOf(s.listContainers(nil))})
 		}
 	})
 }
@@ -53,12 +53,73 @@ func TestListEntryFollowsState(t *testing.T) {
 		c.mu.Lock()
 		c.rec.State = st.state
 		c.mu.Unlock()
-		all := s.listContainers(nil)
+		all := entriesOf(s.listContainers(nil))
 		if len(all) != 1 || all[0].State != st.want || all[0].Labels["app"] != "x" || all[0].ImageId != "sha256:1" {
 			t.Fatalf("state %s: list %v", st.state, all)
 		}
 		if got := len(s.listContainers(exited)); got != st.inExits {
 			t.Errorf("state %s: %d in the exited filter, want %d", st.state, got, st.inExits)
+		}
+	}
+}
+
+// A response of wire forms decodes to the entries themselves, field for field, and
+// encodes to the same bytes as a response of the entries.
+func TestListWireFormIsTheEntry(t *testing.T) {
+	s := &Service{containers: map[string]*container{}, pods: map[string]*pod{}}
+	for i, state := range []string{stateCreated, stateRunning, stateExited} {
+		id := fmt.Sprint("c", i)
+		s.containers[id] = newContainer(containerRecord{ID: id, PodID: "p1", ImageID: "sha256:1", ImageRef: "r@sha256:1", State: state, CreatedAt: int64(i + 1)},
+			&runtime.ContainerConfig{Metadata: &runtime.ContainerMetadata{Name: id, Attempt: 2}, Image: &runtime.ImageSpec{Image: "busybox"},
+				Labels: map[string]string{"app": "x", "i": id}, Annotations: map[string]string{"a": "b"}}, "")
+	}
+	entries := entriesOf(s.listContainers(nil))
+	wires := wiresOf(s.listContainers(nil))
+	if len(entries) != 3 || len(wires) != 3 {
+		t.Fatalf("listed %d entries, %d wire forms; want 3", len(entries), len(wires))
+	}
+	plain, err := proto.MarshalOptions{Deterministic: true}.Marshal(&runtime.ListContainersResponse{Containers: entries})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wire, err := proto.Marshal(&runtime.ListContainersResponse{Containers: wires})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got, want runtime.ListContainersResponse
+	if err := proto.Unmarshal(wire, &got); err != nil {
+		t.Fatal(err)
+	}
+	if err := proto.Unmarshal(plain, &want); err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(&got, &want) {
+		t.Fatalf("wire response decodes to\n%v\nwant\n%v", &got, &want)
+	}
+	for i, c := range got.Containers {
+		if len(c.ProtoReflect().GetUnknown()) != 0 || c.Labels["app"] != "x" || c.State != entries[i].State {
+			t.Errorf("item %d decoded with unknown fields or wrong content: %v", i, c)
+		}
+	}
+
+	// Pods: the same for both readiness entries.
+	p := &pod{rec: podRecord{ID: "p1", Handler: "h", CreatedAt: 5}, config: &runtime.PodSandboxConfig{
+		Metadata: &runtime.PodSandboxMetadata{Name: "n", Namespace: "ns", Uid: "u"}, Labels: map[string]string{"l": "v"}}}
+	for _, ready := range []bool{false, true} {
+		l := p.listEntry(ready)
+		b, err := proto.Marshal(&runtime.ListPodSandboxResponse{Items: []*runtime.PodSandbox{l.wire}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var resp runtime.ListPodSandboxResponse
+		if err := proto.Unmarshal(b, &resp); err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Items) != 1 || !proto.Equal(resp.Items[0], l.entry) {
+			t.Errorf("ready=%v: wire pod decodes to %v, want %v", ready, resp.Items, l.entry)
+		}
+		if p.listEntry(ready).wire != l.wire {
+			t.Errorf("ready=%v: wire form built again", ready)
 		}
 	}
 }

@@ -19,7 +19,7 @@ const streamChunkBytes = 4 << 20
 // most streamChunkBytes each, for nodes whose list exceeds the gRPC message limit
 // (KEP-5825).
 func (s *Service) StreamPodSandboxes(req *runtime.StreamPodSandboxesRequest, stream runtime.RuntimeService_StreamPodSandboxesServer) error {
-	items := s.listPodSandboxes(req.GetFilter())
+	items := wiresOf(s.listPodSandboxes(req.GetFilter()))
 	return toStatus(sendChunks(stream.Context(), items, streamChunkBytes, func(chunk []*runtime.PodSandbox) error {
 		return stream.Send(&runtime.StreamPodSandboxesResponse{PodSandboxes: chunk})
 	}))
@@ -27,7 +27,7 @@ func (s *Service) StreamPodSandboxes(req *runtime.StreamPodSandboxesRequest, str
 
 // StreamContainers is ListContainers in messages of at most streamChunkBytes each.
 func (s *Service) StreamContainers(req *runtime.StreamContainersRequest, stream runtime.RuntimeService_StreamContainersServer) error {
-	items := s.listContainers(req.GetFilter())
+	items := wiresOf(s.listContainers(req.GetFilter()))
 	return toStatus(sendChunks(stream.Context(), items, streamChunkBytes, func(chunk []*runtime.Container) error {
 		return stream.Send(&runtime.StreamContainersResponse{Containers: chunk})
 	}))

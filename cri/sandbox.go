@@ -358,7 +358,7 @@ func (s *Service) podStatus(p *pod, st *controller.Status) *runtime.PodSandboxSt
 
 // ListPodSandbox lists pods matching the filter: id (or unique prefix), state, labels.
 func (s *Service) ListPodSandbox(_ context.Context, req *runtime.ListPodSandboxRequest) (*runtime.ListPodSandboxResponse, error) {
-	return &runtime.ListPodSandboxResponse{Items: s.listPodSandboxes(req.GetFilter())}, nil
+	return &runtime.ListPodSandboxResponse{Items: wiresOf(s.listPodSandboxes(req.GetFilter()))}, nil
 }
 
 // podsWithPrefix returns the pods whose id starts with prefix (all for "").
@@ -376,21 +376,22 @@ func (s *Service) podsWithPrefix(prefix string) []*pod {
 
 // listPodSandboxes is the one filter ListPodSandbox and StreamPodSandboxes share,
 // oldest pod first.
-func (s *Service) listPodSandboxes(f *runtime.PodSandboxFilter) []*runtime.PodSandbox {
+func (s *Service) listPodSandboxes(f *runtime.PodSandboxFilter) []listed[*runtime.PodSandbox] {
 	pods := s.podsWithPrefix(f.GetId())
 	sort.Slice(pods, func(i, j int) bool { return pods[i].rec.CreatedAt < pods[j].rec.CreatedAt })
-	items := make([]*runtime.PodSandbox, 0, len(pods))
+	items := make([]listed[*runtime.PodSandbox], 0, len(pods))
 	for _, p := range pods {
 		// Only the state: kubelet lists every second, and building each pod's full
 		// status here showed up in the List latency.
-		e := p.listEntry(s.ctrl.Ready(p.rec.ID))
+		l := p.listEntry(s.ctrl.Ready(p.rec.ID))
+		e := l.entry
 		if f.GetState() != nil && f.GetState().GetState() != e.State {
 			continue
 		}
 		if !labelsMatch(e.Labels, f.GetLabelSelector()) {
 			continue
 		}
-		items = append(items, e)
+		items = append(items, l)
 	}
 	return items
 }

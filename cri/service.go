@@ -80,19 +80,19 @@ type pod struct {
 	// entries are the pod's ListPodSandbox entries, not ready and ready, built on first
 	// use: nothing else in them changes, and kubelet lists every pod every second.
 	// Concurrent responses share them; they must not be modified.
-	entries [2]atomic.Pointer[runtime.PodSandbox]
+	entries [2]atomic.Pointer[listed[*runtime.PodSandbox]]
 }
 
 // listEntry returns the pod's ListPodSandbox entry for its readiness.
-func (p *pod) listEntry(ready bool) *runtime.PodSandbox {
+func (p *pod) listEntry(ready bool) listed[*runtime.PodSandbox] {
 	i, state := 0, runtime.PodSandboxState_SANDBOX_NOTREADY
 	if ready {
 		i, state = 1, runtime.PodSandboxState_SANDBOX_READY
 	}
 	if e := p.entries[i].Load(); e != nil {
-		return e
+		return *e
 	}
-	e := &runtime.PodSandbox{
+	e := newListed(&runtime.PodSandbox{
 		Id:             p.rec.ID,
 		Metadata:       p.config.GetMetadata(),
 		State:          state,
@@ -100,8 +100,8 @@ func (p *pod) listEntry(ready bool) *runtime.PodSandbox {
 		Labels:         p.config.GetLabels(),
 		Annotations:    p.config.GetAnnotations(),
 		RuntimeHandler: p.rec.Handler,
-	}
-	p.entries[i].Store(e)
+	}, &runtime.PodSandbox{})
+	p.entries[i].Store(&e)
 	return e
 }
 
