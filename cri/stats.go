@@ -24,7 +24,8 @@ const (
 	// closer samples (two clients, or List right after Get) would give noise, so the
 	// previous rate is reported until the interval has passed.
 	minRateInterval = time.Second
-	// statsParallel bounds the pods whose stats are collected at once.
+	// statsParallel bounds the pods (ListPodSandboxStats) or containers
+	// (ListContainerStats) whose stats are collected at once.
 	statsParallel = 8
 )
 
@@ -204,13 +205,12 @@ func (s *Service) listContainerStats(ctx context.Context, f *runtime.ContainerSt
 		return nil, err
 	}
 	s.pruneStats()
-	list := s.containersWithPrefix(f.GetId())
 	type item struct {
 		created int64
-		st      *runtime.ContainerStats
+		c       *container
 	}
 	var items []item
-	for _, c := range list {
+	for _, c := range s.containersWithPrefix(f.GetId()) {
 		rec := c.snapshot()
 		if f.GetPodSandboxId() != "" && !strings.HasPrefix(rec.PodID, f.GetPodSandboxId()) {
 			continue
@@ -218,12 +218,24 @@ func (s *Service) listContainerStats(ctx context.Context, f *runtime.ContainerSt
 		if !labelsMatch(c.config.GetLabels(), f.GetLabelSelector()) {
 			continue
 		}
-		items = append(items, item{rec.CreatedAt, s.containerStats(ctx, c)})
+		items = append(items, item{rec.CreatedAt, c})
 	}
 	sort.Slice(items, func(i, j int) bool { return items[i].created < items[j].created })
+	// One shim round trip per running container: asked in parallel, as the pods of
+	// ListPodSandboxStats are, since kubelet asks for all of them every 10-15 s and a
+	// node's shims answer independently of each other.
 	out := make([]*runtime.ContainerStats, len(items))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(statsParallel)
 	for i, it := range items {
-		out[i] = it.st
+		g.Go(func() error {
+			out[i] = s.containerStats(gctx, it.c)
+			return nil
+		})
+	}
+	_ = g.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("container stats: %w", err)
 	}
 	return out, nil
 }
