@@ -89,6 +89,17 @@ func TestLoad(t *testing.T) {
 			}
 		}},
 		{name: "cni timeout zero", file: "[cni]\ntimeout_seconds = 0\n", wantErr: "cni.timeout_seconds must be positive"},
+		{name: "cni masquerade default", file: "", check: func(t *testing.T, c Config) {
+			if c.CNI.Masquerade != "runtime" {
+				t.Errorf("cni.masquerade = %q, want runtime", c.CNI.Masquerade)
+			}
+		}},
+		{name: "cni masquerade plugin", file: "[cni]\nmasquerade = \"plugin\"\n", check: func(t *testing.T, c Config) {
+			if c.CNI.Masquerade != "plugin" {
+				t.Errorf("cni.masquerade = %q, want plugin", c.CNI.Masquerade)
+			}
+		}},
+		{name: "cni masquerade unknown", file: "[cni]\nmasquerade = \"both\"\n", wantErr: `cni.masquerade must be "runtime" or "plugin", got "both"`},
 		{name: "cni timeout overflowing", file: "[cni]\ntimeout_seconds = 9223372036854775807\n", wantErr: "cni.timeout_seconds must be positive and at most"},
 		{name: "shim start timeout beyond a week", file: "shim_start_timeout_seconds = 604801\n", wantErr: "shim_start_timeout_seconds must be positive and at most 604800"},
 		{name: "mirrors", file: "[registry]\ninsecure = [\"reg:5000\"]\n[registry.mirrors]\n\"docker.io\" = [\"http://127.0.0.1:5001\"]\n", check: func(t *testing.T, c Config) {
