@@ -101,14 +101,15 @@ chaos: deps
 # bench compares crisp with Debian's containerd 1.6 on this machine (root; ~6 min):
 # both runtimes get their own dirs under /run/crisp-bench, the same images from a
 # registry inside the benchmark, the same CNI plugins and the same CRI requests.
-# BENCHFLAGS passes flags, e.g. BENCHFLAGS='-cycles 20 -churn 20s -only crisp'.
+# BENCHFLAGS passes flags, e.g. BENCHFLAGS='-cycles 20 -churn 20s -only crisp';
+# '-density 110' for node density, '-soak' for the soak (see bench/doc.go).
 BENCH_DEPS := containerd runc $(DEPS)
 bench: build
 	@if ! dpkg -s $(BENCH_DEPS) >/dev/null 2>&1; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(BENCH_DEPS); \
 	fi
 	CGO_ENABLED=1 $(GO) test -c -tags '$(TAGS) bench' -o $(BINDIR)/crisp-bench ./bench
-	cd bench && ../$(BINDIR)/crisp-bench -test.run '^TestBench$$' -test.v -test.timeout 20m \
+	cd bench && ../$(BINDIR)/crisp-bench -test.run '^TestBench$$' -test.v -test.timeout 90m \
 		-bin $(CURDIR)/$(BINDIR) -results $(CURDIR)/bench/results $(BENCHFLAGS)
 
 # print-version prints the version the binaries get (see VERSION above).

@@ -29,8 +29,19 @@ var (
 	churnFor   = flag.Duration("churn", 60*time.Second, "how long the 10-client churn runs per runtime")
 	only       = flag.String("only", "", "run one runtime only (crisp or containerd)")
 	hold       = flag.Duration("hold", 0, "keep the 20 memory pods this long after measuring them (to profile them by hand)")
-	metricsOn  = flag.Bool("crisp-metrics", false, "serve crisp's Prometheus metrics on a loopback port while measuring (what they cost)")
+	metricsOn  = flag.Bool("crisp-metrics", true, "serve crisp's Prometheus metrics on a loopback port, for the pod start breakdown (-crisp-metrics=false measures crisp without)")
+	base       = flag.Bool("base", true, "run the base measurements: sequential cycles, churn, 20 pods' memory, exec, lists at 100 pods (-base=false for quick density or soak runs)")
+	density    = flag.Int("density", 30, "pods of the density run (0: none)")
+	idleFor    = flag.Duration("idle", 60*time.Second, "the window idle CPU is measured over at density")
+	listCalls  = flag.Int("list-calls", 200, "timed calls of each list RPC at density")
+	soak       = flag.Bool("soak", false, "run the soak: -soak-execs ExecSyncs into one container, -soak-cycles pod cycles")
+	soakExecs  = flag.Int("soak-execs", 1000, "ExecSync calls of the soak (shim memory after the first vs after the last)")
+	soakFirst  = flag.Int("soak-first", 100, "pod cycles after which the soak reads the daemon's memory first")
+	soakCycles = flag.Int("soak-cycles", 1000, "pod cycles of the soak (daemon memory after -soak-first vs after these)")
 )
+
+// clients is how many CRI clients run pods concurrently, as kubelet's pod workers do.
+const clients = 10
 
 // benchRoot holds every runtime's files; short, because shim socket paths grow under it.
 const benchRoot = "/run/crisp-bench"
@@ -138,9 +149,7 @@ func runOne(ctx context.Context, t *testing.T, start func(context.Context, Spec)
 	}
 	res = Results{}
 	w := &Workload{D: d, Image: busybox}
-	step := func(name string) { t.Logf("%s: %s", d.Name, name) }
-
-	step("pull")
+	t.Logf("%s: pull", d.Name)
 	for _, ref := range []string{busybox, spec.PauseImage} {
 		if _, err := w.Pull(ctx, ref); err != nil {
 			return res, version, err
@@ -161,14 +170,57 @@ func runOne(ctx context.Context, t *testing.T, start func(context.Context, Spec)
 		return res, version, err
 	}
 	res["daemon_rss_idle"] = idle.RSS / 1024
-
-	step(fmt.Sprintf("%d pod cycles", *cycles))
 	if _, err := w.Cycles(ctx, 3); err != nil { // warm-up: caches, first CNI run
 		return res, version, err
 	}
+
+	if *base {
+		if err := runBase(ctx, t, w, res); err != nil {
+			return res, version, err
+		}
+		if err := w.RemoveAll(ctx, clients); err != nil {
+			return res, version, fmt.Errorf("remove the base run's pods: %w", err)
+		}
+	}
+	if !*base && d.MetricsURL != "" {
+		// The breakdown is of sequential pod starts, as the base run times them.
+		t.Logf("%s: %d pod cycles for the breakdown", d.Name, *cycles)
+		if _, err := w.Cycles(ctx, *cycles); err != nil {
+			return res, version, err
+		}
+		if err := breakdown(ctx, d, res); err != nil {
+			return res, version, err
+		}
+	}
+	if *density > 0 {
+		if err := runDensity(ctx, t, w, res, *density); err != nil {
+			return res, version, err
+		}
+	}
+	if *soak {
+		if err := runSoak(ctx, t, w, res); err != nil {
+			return res, version, err
+		}
+	}
+	return res, version, nil
+}
+
+// runBase measures sequential pod cycles, churn, the memory of 20 pods, exec, and
+// lists at 100 pods; it leaves those 100 pods.
+func runBase(ctx context.Context, t *testing.T, w *Workload, res Results) error {
+	d := w.D
+	step := func(name string) { t.Logf("%s: %s", d.Name, name) }
+	step(fmt.Sprintf("%d pod cycles", *cycles))
 	cs, err := w.Cycles(ctx, *cycles)
 	if err != nil {
-		return res, version, err
+		return err
+	}
+	// crisp's breakdown of these cycles (and their warm-up), before other work adds
+	// concurrent pod starts to its histograms.
+	if d.MetricsURL != "" {
+		if err := breakdown(ctx, d, res); err != nil {
+			return err
+		}
 	}
 	pick := func(f func(CycleTimes) time.Duration) []time.Duration {
 		out := make([]time.Duration, len(cs))
@@ -201,7 +253,7 @@ func runOne(ctx context.Context, t *testing.T, start func(context.Context, Spec)
 	cps, failed, err := w.Churn(ctx, 10, *churnFor)
 	res["churn"] = cps
 	if failed > 0 {
-		return res, version, fmt.Errorf("churn: %d cycles failed, first: %v", failed, err)
+		return fmt.Errorf("churn: %d cycles failed, first: %v", failed, err)
 	}
 
 	step("20 pods for memory")
@@ -210,28 +262,28 @@ func runOne(ctx context.Context, t *testing.T, start func(context.Context, Spec)
 	for i := range 20 {
 		_, cid, err := w.PodWithSleep(ctx, fmt.Sprintf("mem%d", i))
 		if err != nil {
-			return res, version, err
+			return err
 		}
 		sleeper = cid
 	}
 	time.Sleep(2 * time.Second)
 	pods, err := d.RT.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{})
 	if err != nil {
-		return res, version, err
+		return err
 	}
 	for _, p := range pods.Items {
 		pid, err := w.SandboxPid(ctx, p.Id)
 		if err != nil {
-			return res, version, err
+			return err
 		}
 		shimPid, err := PPid(pid)
 		if err != nil {
-			return res, version, err
+			return err
 		}
 		pm, err1 := ReadMem(pid)
 		sm, err2 := ReadMem(shimPid)
 		if err1 != nil || err2 != nil {
-			return res, version, fmt.Errorf("memory of pod %s: %v %v", p.Id, err1, err2)
+			return fmt.Errorf("memory of pod %s: %v %v", p.Id, err1, err2)
 		}
 		shim, pause = shim.Add(sm), pause.Add(pm)
 		perPod = perPod.Add(sm).Add(pm)
@@ -252,7 +304,7 @@ func runOne(ctx context.Context, t *testing.T, start func(context.Context, Spec)
 	}
 	dm, err := ReadMem(d.Pid())
 	if err != nil {
-		return res, version, err
+		return err
 	}
 	res["daemon_rss_20"] = dm.RSS / 1024
 	if anon, err := RssAnon(d.Pid()); err == nil {
@@ -262,7 +314,7 @@ func runOne(ctx context.Context, t *testing.T, start func(context.Context, Spec)
 	step("exec")
 	ex, err := w.ExecLatency(ctx, sleeper, 100)
 	if err != nil {
-		return res, version, err
+		return err
 	}
 	res.Ms("exec_p50", Percentile(ex, 50))
 	res.Ms("exec_p99", Percentile(ex, 99))
@@ -270,13 +322,13 @@ func runOne(ctx context.Context, t *testing.T, start func(context.Context, Spec)
 	step("100 pods, 200 containers for lists")
 	lp, lc, err := w.ListLatency(ctx, 100, 100)
 	if err != nil {
-		return res, version, err
+		return err
 	}
 	var vs []time.Duration
 	for range 200 {
 		t0 := time.Now()
 		if _, err := d.RT.Version(ctx, &cri.VersionRequest{}); err != nil {
-			return res, version, err
+			return err
 		}
 		vs = append(vs, time.Since(t0))
 	}
@@ -284,7 +336,7 @@ func runOne(ctx context.Context, t *testing.T, start func(context.Context, Spec)
 	res.Ms("version_p50", Percentile(vs, 50))
 	res.Ms("list_pods_p50", Percentile(lp, 50))
 	res.Ms("list_ctrs_p50", Percentile(lc, 50))
-	return res, version, nil
+	return nil
 }
 
 // teardown removes the runtime's pods, stops it and removes whatever it left: shim

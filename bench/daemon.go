@@ -29,6 +29,8 @@ type Daemon struct {
 	// CgroupParent is the pods' cgroup parent, one of the runtime's own.
 	CgroupParent string
 	Bridge       string
+	// MetricsURL is where crisp serves its Prometheus metrics; empty when it does not.
+	MetricsURL string
 
 	cmd     *exec.Cmd
 	done    chan struct{}
@@ -156,7 +158,16 @@ shim = %q
 namespace = "k8s.io"
 `, d.Socket, filepath.Join(s.Dir, "root"), filepath.Join(s.Dir, "state"), netd, filepath.Join(s.Bin, "shim-runc"))
 	if s.Metrics {
-		cfg += "[metrics]\naddress = \"127.0.0.1:0\"\n"
+		// A free port, found by listening on one: criserver logs the port it got only
+		// at info level, and the bench runs it at warn.
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("find a port for metrics: %w", err)
+		}
+		addr := lis.Addr().String()
+		lis.Close()
+		cfg += fmt.Sprintf("[metrics]\naddress = %q\n", addr)
+		d.MetricsURL = "http://" + addr + "/metrics"
 	}
 	path := filepath.Join(s.Dir, "config.toml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {

@@ -3,4 +3,37 @@
 // through the same CRI client code, and reports each figure with the crisp/containerd
 // ratio. `make bench` runs it (bench_test.go, build tag "bench"); nothing here runs in
 // `make test` except the unit tests of the pure parts.
+//
+// Each runtime goes through these parts in turn, all with the same requests:
+//
+//   - base (-base, on by default): image pulls, -cycles sequential pod cycles, a
+//     -churn of 10 concurrent clients, the memory of 20 pods, ExecSync latency, and
+//     lists at 100 pods.
+//   - density (-density N, 30 by default, 0 for none): N pods of one busybox `sleep`,
+//     started by 10 clients each making RunPodSandbox, CreateContainer and
+//     StartContainer as kubelet's pod workers do. It reports the time until all N run
+//     and each pod's start p50/p99; the PSS and USS of everything the runtime runs
+//     (daemon, every shim, every pause process, summed) and per pod (shim+pause); the
+//     CPU (utime+stime from /proc/PID/stat) those processes use together over an
+//     -idle window (60 s by default) with nothing asked of them, as CPU-ms per 60 s;
+//     ListPodSandbox, ListContainers, ListContainerStats and ListPodSandboxStats
+//     p50/p99 over -list-calls calls each (after 5 untimed), with one container a pod
+//     and again with three (a second `sleep` and an exited `true`); and the time 10
+//     clients take to stop and remove all N (StopContainer for each container,
+//     StopPodSandbox, RemovePodSandbox).
+//   - soak (-soak, off by default): -soak-execs ExecSync `true` into one container,
+//     the shim's PSS after the first and after the last; then -soak-cycles pod cycles
+//     from 10 clients, the daemon's RSS after -soak-first and after all. Every reading
+//     follows a 2 s settle, since crisp's shim returns freed memory a second after
+//     work. The growth rows have an absolute bound (≤ 5 %) rather than a ratio.
+//
+// The pod start breakdown is crisp's alone: criserver serves its Prometheus metrics
+// on a loopback port in every run (-crisp-metrics, on by default, since serving them
+// was measured to cost nothing measurable; -crisp-metrics=false measures crisp
+// without), and after the sequential cycles the bench scrapes them and reports the
+// mean (sum/count) of each phase of crisp_pod_start_phase_duration_seconds and
+// crisp_container_create_phase_duration_seconds. With -base=false it runs -cycles
+// sequential cycles for that alone.
+//
+// Quick runs: BENCHFLAGS='-only crisp -base=false -density 10 -idle 5s -list-calls 20'.
 package bench

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Mem is one process's memory in KiB, from /proc/PID/smaps_rollup.
@@ -120,4 +121,35 @@ func RssAnon(pid int) (float64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no RssAnon in /proc/%d/status", pid)
+}
+
+// userHZ is the unit of the times in /proc/PID/stat: USER_HZ, 100 on every Linux
+// architecture's ABI whatever the kernel's own HZ.
+const userHZ = 100
+
+// CPUTime is the CPU time a process (all its threads) used so far, user plus system.
+func CPUTime(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	return parseCPUTime(b)
+}
+
+func parseCPUTime(stat []byte) (time.Duration, error) {
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("malformed stat %q", stat)
+	}
+	// After the command: state (field 3) ... utime (14), stime (15).
+	f := strings.Fields(string(stat[i+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("malformed stat %q", stat)
+	}
+	utime, err1 := strconv.ParseUint(f[11], 10, 64)
+	stime, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("malformed stat %q", stat)
+	}
+	return time.Duration(utime+stime) * time.Second / userHZ, nil
 }

@@ -22,6 +22,11 @@ type Metric struct {
 	// Target is the crisp/containerd ratio to meet (≤ for lower-is-better figures,
 	// ≥ for higher-is-better ones); 0 for figures reported without a target.
 	Target float64
+	// Limit is a bound on crisp's own figure (≤), for figures not compared with
+	// containerd's (a soak's growth); 0 for none.
+	Limit float64
+	// CrispOnly marks figures only crisp reports (its pod start breakdown).
+	CrispOnly bool
 }
 
 // Metrics are the report's rows, in order.
@@ -54,6 +59,59 @@ var Metrics = []Metric{
 	{Key: "pull", Name: "pull+unpack 50 MB, 5 layers", Unit: "ms"},
 	{Key: "exec_p50", Name: "ExecSync echo p50", Unit: "ms"},
 	{Key: "exec_p99", Name: "ExecSync echo p99", Unit: "ms"},
+
+	// -density N: N pods of one container each, started by 10 clients.
+	{Key: "dens_start_all", Name: "density: start all N pods", Unit: "ms", Target: 0.5},
+	{Key: "dens_start_p50", Name: "density: pod start p50", Unit: "ms", Target: 0.5},
+	{Key: "dens_start_p99", Name: "density: pod start p99", Unit: "ms", Target: 0.5},
+	{Key: "dens_mem_pss", Name: "density: runtime PSS (daemon+shims+pause)", Unit: "MiB", Target: 0.5},
+	{Key: "dens_mem_uss", Name: "density: runtime USS (daemon+shims+pause)", Unit: "MiB", Target: 0.5},
+	{Key: "dens_daemon_pss", Name: "  daemon PSS", Unit: "MiB"},
+	{Key: "dens_pod_pss", Name: "density: per pod PSS (shim+pause)", Unit: "MiB", Target: 0.5},
+	{Key: "dens_pod_uss", Name: "density: per pod USS (shim+pause)", Unit: "MiB", Target: 0.5},
+	{Key: "dens_shims", Name: "  shim processes", Unit: "count"},
+	{Key: "dens_idle_cpu", Name: "density: idle CPU (daemon+shims+pause)", Unit: "ms/60s", Target: 0.5},
+	{Key: "dens_list_pods_p50", Name: "density: ListPodSandbox p50", Unit: "ms", Target: 0.5},
+	{Key: "dens_list_pods_p99", Name: "density: ListPodSandbox p99", Unit: "ms", Target: 0.5},
+	{Key: "dens_list_ctrs_p50", Name: "density: ListContainers p50 (N ctrs)", Unit: "ms", Target: 0.5},
+	{Key: "dens_list_ctrs_p99", Name: "density: ListContainers p99 (N ctrs)", Unit: "ms", Target: 0.5},
+	{Key: "dens_list_ctr_stats_p50", Name: "density: ListContainerStats p50 (N ctrs)", Unit: "ms", Target: 0.5},
+	{Key: "dens_list_ctr_stats_p99", Name: "density: ListContainerStats p99 (N ctrs)", Unit: "ms", Target: 0.5},
+	{Key: "dens_list_pod_stats_p50", Name: "density: ListPodSandboxStats p50", Unit: "ms", Target: 0.5},
+	{Key: "dens_list_pod_stats_p99", Name: "density: ListPodSandboxStats p99", Unit: "ms", Target: 0.5},
+	{Key: "dens3_list_pods_p50", Name: "density: ListPodSandbox p50 (3N ctrs)", Unit: "ms", Target: 0.5},
+	{Key: "dens3_list_pods_p99", Name: "density: ListPodSandbox p99 (3N ctrs)", Unit: "ms", Target: 0.5},
+	{Key: "dens3_list_ctrs_p50", Name: "density: ListContainers p50 (3N ctrs)", Unit: "ms", Target: 0.5},
+	{Key: "dens3_list_ctrs_p99", Name: "density: ListContainers p99 (3N ctrs)", Unit: "ms", Target: 0.5},
+	{Key: "dens3_list_ctr_stats_p50", Name: "density: ListContainerStats p50 (3N ctrs)", Unit: "ms", Target: 0.5},
+	{Key: "dens3_list_ctr_stats_p99", Name: "density: ListContainerStats p99 (3N ctrs)", Unit: "ms", Target: 0.5},
+	{Key: "dens3_list_pod_stats_p50", Name: "density: ListPodSandboxStats p50 (3N ctrs)", Unit: "ms", Target: 0.5},
+	{Key: "dens3_list_pod_stats_p99", Name: "density: ListPodSandboxStats p99 (3N ctrs)", Unit: "ms", Target: 0.5},
+	{Key: "dens_stop_all", Name: "density: stop+remove all N pods (3N ctrs)", Unit: "ms", Target: 0.5},
+
+	// -soak.
+	{Key: "soak_shim_pss_first", Name: "soak: shim PSS after 1st exec", Unit: "MiB"},
+	{Key: "soak_shim_pss_last", Name: "soak: shim PSS after last exec", Unit: "MiB"},
+	{Key: "soak_shim_growth", Name: "soak: shim PSS growth", Unit: "%", Limit: 5},
+	{Key: "soak_daemon_rss_first", Name: "soak: daemon RSS after first cycles", Unit: "MiB"},
+	{Key: "soak_daemon_rss_last", Name: "soak: daemon RSS after all cycles", Unit: "MiB"},
+	{Key: "soak_daemon_growth", Name: "soak: daemon RSS growth", Unit: "%", Limit: 5},
+
+	// crisp's pod start breakdown: the means of its phase histograms.
+	{Key: "phase_pod_start", Name: "breakdown: RunPodSandbox (mean)", Unit: "ms", CrispOnly: true},
+	{Key: "phase_netns", Name: "  netns", Unit: "ms", CrispOnly: true},
+	{Key: "phase_cni", Name: "  cni (concurrent with shim)", Unit: "ms", CrispOnly: true},
+	{Key: "phase_shim_start", Name: "  shim_start", Unit: "ms", CrispOnly: true},
+	{Key: "phase_sandbox_start", Name: "  sandbox_start", Unit: "ms", CrispOnly: true},
+	{Key: "phase_create_sandbox", Name: "    create_sandbox", Unit: "ms", CrispOnly: true},
+	{Key: "phase_start_sandbox", Name: "    start_sandbox", Unit: "ms", CrispOnly: true},
+	{Key: "phase_pod_files", Name: "  pod_files", Unit: "ms", CrispOnly: true},
+	{Key: "phase_ctr_create", Name: "breakdown: CreateContainer (mean)", Unit: "ms", CrispOnly: true},
+	{Key: "phase_snapshot", Name: "  snapshot", Unit: "ms", CrispOnly: true},
+	{Key: "phase_user_lookup", Name: "  user_lookup", Unit: "ms", CrispOnly: true},
+	{Key: "phase_spec", Name: "  spec", Unit: "ms", CrispOnly: true},
+	{Key: "phase_task_create", Name: "  task_create", Unit: "ms", CrispOnly: true},
+	{Key: "phase_ctr_start", Name: "breakdown: StartContainer (mean)", Unit: "ms", CrispOnly: true},
 }
 
 // Results are one runtime's figures by metric key.
@@ -81,8 +139,13 @@ func (r *Report) Ratio(key string) float64 {
 	return c / d
 }
 
-// Met says whether a metric meets its target; ok is false without a target or data.
+// Met says whether a metric meets its target or limit; ok is false without a target
+// or data.
 func (r *Report) Met(m Metric) (met, ok bool) {
+	if m.Limit != 0 {
+		v, has := r.Runtimes["crisp"][m.Key]
+		return v <= m.Limit, has
+	}
 	ratio := r.Ratio(m.Key)
 	if m.Target == 0 || math.IsNaN(ratio) {
 		return false, false
@@ -93,25 +156,38 @@ func (r *Report) Met(m Metric) (met, ok bool) {
 	return ratio <= m.Target, true
 }
 
-// WriteTable prints the report as one table.
+// WriteTable prints the report as one table; rows no runtime has a figure for are
+// left out (the parts of the benchmark that did not run).
 func (r *Report) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "metric\tunit\tcontainerd\tcrisp\tcrisp/containerd\ttarget\t")
 	for _, m := range Metrics {
+		_, c1 := r.Runtimes["containerd"][m.Key]
+		_, c2 := r.Runtimes["crisp"][m.Key]
+		if !c1 && !c2 {
+			continue
+		}
 		target := ""
 		if met, ok := r.Met(m); ok {
-			op := "≤"
-			if m.HigherBetter {
+			op, bound := "≤", m.Target
+			switch {
+			case m.Limit != 0:
+				bound = m.Limit
+			case m.HigherBetter:
 				op = "≥"
 			}
 			verdict := "met"
 			if !met {
 				verdict = "MISSED"
 			}
-			target = fmt.Sprintf("%s%.1f %s", op, m.Target, verdict)
+			target = fmt.Sprintf("%s%.1f %s", op, bound, verdict)
+		}
+		rat := ratio(r.Ratio(m.Key))
+		if m.Limit != 0 || m.CrispOnly {
+			rat = "-"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t\n", m.Name, m.Unit,
-			num(r.Runtimes["containerd"], m.Key), num(r.Runtimes["crisp"], m.Key), ratio(r.Ratio(m.Key)), target)
+			num(r.Runtimes["containerd"], m.Key), num(r.Runtimes["crisp"], m.Key), rat, target)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -128,9 +204,9 @@ func num(r Results, key string) string {
 		return "-"
 	}
 	switch {
-	case v >= 100:
+	case v >= 100 || v <= -100:
 		return fmt.Sprintf("%.0f", v)
-	case v >= 10:
+	case v >= 10 || v <= -10:
 		return fmt.Sprintf("%.1f", v)
 	default:
 		return fmt.Sprintf("%.2f", v)

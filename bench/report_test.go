@@ -131,3 +131,38 @@ func TestReport(t *testing.T) {
 		t.Errorf("saved report %s: %v %+v", path, err, back)
 	}
 }
+
+func TestReportLimitsAndCrispOnlyRows(t *testing.T) {
+	r := &Report{Runtimes: map[string]Results{
+		"containerd": {"soak_shim_growth": 1, "soak_daemon_growth": 50, "dens_start_all": 1000},
+		"crisp":      {"soak_shim_growth": 4.9, "soak_daemon_growth": 6, "phase_cni": 12.5, "dens_start_all": 400},
+	}}
+	var sb strings.Builder
+	if err := r.WriteTable(&sb); err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string][]string{}
+	for _, line := range strings.Split(sb.String(), "\n") {
+		for _, m := range Metrics {
+			if strings.HasPrefix(strings.TrimSpace(line), strings.TrimSpace(m.Name)+" ") {
+				rows[m.Key] = strings.Fields(strings.TrimPrefix(strings.TrimSpace(line), strings.TrimSpace(m.Name)))
+			}
+		}
+	}
+	// A limit bounds crisp's own figure, whatever containerd's: no ratio.
+	if got := strings.Join(rows["soak_shim_growth"], " "); got != "% 1.00 4.90 - ≤5.0 met" {
+		t.Errorf("shim growth row: %q", got)
+	}
+	if got := strings.Join(rows["soak_daemon_growth"], " "); got != "% 50.0 6.00 - ≤5.0 MISSED" {
+		t.Errorf("daemon growth row: %q", got)
+	}
+	if got := strings.Join(rows["phase_cni"], " "); got != "ms - 12.5 - " && got != "ms - 12.5 -" {
+		t.Errorf("breakdown row: %q", got)
+	}
+	if got := strings.Join(rows["dens_start_all"], " "); got != "ms 1000 400 0.40 ≤0.5 met" {
+		t.Errorf("density row: %q", got)
+	}
+	if _, ok := rows["pod_start_p50"]; ok || len(rows) != 4 {
+		t.Errorf("rows without data printed: %v\n%s", rows, sb.String())
+	}
+}
