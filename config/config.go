@@ -143,6 +143,11 @@ type Runtime struct {
 	Shim string `toml:"shim" comment:"shim binary: absolute path, or a name found next to criserver or on PATH"`
 	// Namespace is passed to the shim as -namespace.
 	Namespace string `toml:"namespace,omitempty"`
+	// WarmSpare keeps one started, idle shim ready for the handler's next pod, so that
+	// starting a shim (fork/exec, the Go runtime's start, the socket) is not part of
+	// RunPodSandbox. A table that leaves it out gets true: every handler's shim serves
+	// the sandbox API, which is what a spare is started for.
+	WarmSpare bool `toml:"warm_spare" comment:"keep one idle shim started for the handler's next pod: takes the shim start off RunPodSandbox for one idle shim's memory"`
 }
 
 // Default returns the settings criserver runs with when no file is given.
@@ -182,7 +187,7 @@ func Default() Config {
 			SpecDirs: []string{"/etc/cdi", "/var/run/cdi"},
 		},
 		Runtimes: map[string]Runtime{
-			"runc": {Shim: "shim-runc", Namespace: "k8s.io"},
+			"runc": {Shim: "shim-runc", Namespace: "k8s.io", WarmSpare: true},
 		},
 	}
 }
@@ -213,6 +218,17 @@ func Load(path string) (Config, error) {
 			return Config{}, fmt.Errorf("parse config %s: unknown key: %s", path, strict.String())
 		}
 		return Config{}, fmt.Errorf("parse config %s: %w", path, err)
+	}
+	// warm_spare defaults to true in every table the file gives, not only in the
+	// default one it replaces.
+	for name, v := range probe.Runtimes {
+		if t, ok := v.(map[string]any); ok {
+			if _, set := t["warm_spare"]; !set {
+				r := cfg.Runtimes[name]
+				r.WarmSpare = true
+				cfg.Runtimes[name] = r
+			}
+		}
 	}
 	if err := cfg.Validate(); err != nil {
 		return Config{}, fmt.Errorf("config %s: %w", path, err)

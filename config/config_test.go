@@ -57,6 +57,17 @@ func TestLoad(t *testing.T) {
 				t.Errorf("runtimes = %+v", c.Runtimes)
 			}
 		}},
+		{name: "warm spare on by default", file: "", check: func(t *testing.T, c Config) {
+			if !c.Runtimes["runc"].WarmSpare {
+				t.Errorf("runtimes.runc.warm_spare = false by default")
+			}
+		}},
+		{name: "warm spare defaults on in a file's own runtimes", file: "default_runtime_handler = \"a\"\n[runtimes.a]\nshim = \"/s\"\n[runtimes.b]\nshim = \"/s\"\nwarm_spare = false\n[runtimes.c]\nshim = \"/s\"\nwarm_spare = true\n", check: func(t *testing.T, c Config) {
+			if !c.Runtimes["a"].WarmSpare || c.Runtimes["b"].WarmSpare || !c.Runtimes["c"].WarmSpare {
+				t.Errorf("warm_spare a, b, c = %v, %v, %v; want true, false, true", c.Runtimes["a"].WarmSpare, c.Runtimes["b"].WarmSpare, c.Runtimes["c"].WarmSpare)
+			}
+		}},
+		{name: "warm spare not a bool", file: "[runtimes.runc]\nshim = \"/s\"\nwarm_spare = \"yes\"\n", wantErr: "warm_spare"},
 		{name: "cdi spec dirs default", file: "", check: func(t *testing.T, c Config) {
 			if strings.Join(c.CDI.SpecDirs, ",") != "/etc/cdi,/var/run/cdi" {
 				t.Errorf("cdi.spec_dirs = %q", c.CDI.SpecDirs)
