@@ -11,6 +11,7 @@ import (
 
 	clog "github.com/containerd/log"
 	"github.com/crisp-runtime/crisp/shim"
+	"github.com/crisp-runtime/crisp/shim/task"
 	"github.com/opencontainers/runc/libcontainer"
 	// Its C constructor joins namespaces before the Go runtime starts when libcontainer
 	// re-executes this binary as a container's init.
@@ -30,6 +31,10 @@ func main() {
 }
 
 func run(args []string) int {
+	if len(args) > 0 && args[0] == task.HelperArg {
+		// A short-lived task helper the shim runs for one container operation.
+		return task.RunHelper(args[1:], os.Stdin, os.Stdout, logger(os.Stderr, false, slog.LevelWarn))
+	}
 	var (
 		f            shim.Flags
 		info, versio bool

@@ -31,15 +31,62 @@ type Reaper struct {
 	// and exclusively while reaping, so the reaper can never see (and reap) a child
 	// before it is recorded as tracked, nor a helper a starter waits for itself.
 	gate sync.RWMutex
-	// mu guards tracked.
+	// mu guards tracked and subs.
 	mu      sync.Mutex
 	tracked map[int]struct{}
-	kick    chan struct{}
+	// subs record the exits of untracked children while their owners start processes
+	// through a helper that exits before saying which pid it started (see Subscribe).
+	subs map[*Subscription]struct{}
+	kick chan struct{}
+}
+
+// Subscription records the exit status of every untracked child the reaper reaps while
+// it is open. A process a helper starts is re-parented to the shim when the helper
+// exits and may exit, and be reaped as an orphan, before its owner learns its pid:
+// its owner subscribes before it runs the helper and claims the pid after (Claim), as
+// containerd's runc shim does with its exit subscribers.
+type Subscription struct {
+	r *Reaper
+	// exits is guarded by r.mu.
+	exits map[int]unix.WaitStatus
+}
+
+// Subscribe opens a Subscription; the caller must Close it.
+func (r *Reaper) Subscribe() *Subscription {
+	s := &Subscription{r: r, exits: map[int]unix.WaitStatus{}}
+	r.mu.Lock()
+	r.subs[s] = struct{}{}
+	r.mu.Unlock()
+	return s
+}
+
+// Close stops recording exits.
+func (s *Subscription) Close() {
+	s.r.mu.Lock()
+	delete(s.r.subs, s)
+	s.r.mu.Unlock()
+}
+
+// Claim hands pid, a child of the shim (or an orphan re-parented to it) that the
+// subscriber learnt of, to its caller: if the reaper has already reaped it since sub was
+// opened, Claim returns its wait status and true; otherwise pid is tracked from now on
+// and the caller must reap it and then call Forget.
+func (r *Reaper) Claim(sub *Subscription, pid int) (unix.WaitStatus, bool) {
+	// Shared: no reap round runs between the look into sub and the tracking.
+	r.gate.RLock()
+	defer r.gate.RUnlock()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if ws, ok := sub.exits[pid]; ok {
+		return ws, true
+	}
+	r.tracked[pid] = struct{}{}
+	return 0, false
 }
 
 // New returns a Reaper; call Run to make it reap.
 func New(log *slog.Logger) *Reaper {
-	return &Reaper{log: log, tracked: map[int]struct{}{}, kick: make(chan struct{}, 1)}
+	return &Reaper{log: log, tracked: map[int]struct{}{}, subs: map[*Subscription]struct{}{}, kick: make(chan struct{}, 1)}
 }
 
 // Start starts cmd and records its pid as owned by the caller, who must call Wait.
@@ -143,6 +190,11 @@ func (r *Reaper) reapOnce() bool {
 		r.log.Warn("reap orphan failed", "pid", pid, "error", err)
 		return false
 	}
+	r.mu.Lock()
+	for sub := range r.subs {
+		sub.exits[pid] = ws
+	}
+	r.mu.Unlock()
 	r.log.Debug("reaped orphan", "pid", pid, "status", ws.ExitStatus(), "signal", ws.Signal())
 	return true
 }

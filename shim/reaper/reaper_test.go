@@ -82,3 +82,61 @@ func TestStartFuncHoldsReaping(t *testing.T) {
 	}
 	r.Forget(owned.Process.Pid)
 }
+
+// TestClaimAfterOrphanExit checks both outcomes of the race between a process started
+// behind the owner's back and the owner learning its pid: a child that exits and is
+// reaped before Claim gives its status to the subscription, and one claimed while it
+// runs is left to its owner.
+func TestClaimAfterOrphanExit(t *testing.T) {
+	r := New(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go r.Run(ctx)
+
+	sub := r.Subscribe()
+	defer sub.Close()
+	early := exec.Command("/bin/sh", "-c", "exit 9")
+	if err := early.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := early.Process.Pid
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("child %d was not reaped", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	ws, exited := r.Claim(sub, pid)
+	if !exited || ws.ExitStatus() != 9 {
+		t.Fatalf("Claim(%d) = %v, %v; want exit status 9, true", pid, ws, exited)
+	}
+
+	late := exec.Command("/bin/sh", "-c", "sleep 0.2; exit 4")
+	if err := late.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if _, exited := r.Claim(sub, late.Process.Pid); exited {
+		t.Fatal("Claim of a running child reported an exit")
+	}
+	time.Sleep(400 * time.Millisecond) // a zombie by now, and the reaper saw SIGCHLD
+	if err := late.Wait(); err == nil || late.ProcessState.ExitCode() != 4 {
+		t.Fatalf("Wait of claimed child = %v, want exit status 4", err)
+	}
+	r.Forget(late.Process.Pid)
+
+	// Exits after Close are not recorded.
+	sub.Close()
+	after := exec.Command("/bin/true")
+	if err := after.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if _, exited := r.Claim(sub, after.Process.Pid); exited {
+		t.Fatal("a closed subscription recorded an exit")
+	}
+	r.Forget(after.Process.Pid)
+}

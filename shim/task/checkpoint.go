@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -16,9 +17,7 @@ import (
 	taskapi "github.com/crisp-runtime/crisp/api/containerd/types/task"
 	"github.com/crisp-runtime/crisp/shim/events"
 	"github.com/opencontainers/runc/libcontainer"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -152,33 +151,24 @@ func (s *Service) Checkpoint(ctx context.Context, req *taskv3.CheckpointTaskRequ
 	if err := ctx.Err(); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
-	criuOpts := &libcontainer.CriuOpts{
-		ImagesDirectory:         images,
-		WorkDirectory:           opts.workPath,
-		LeaveRunning:            !opts.exit,
-		TcpEstablished:          opts.openTCP,
-		ExternalUnixConnections: opts.externalUnixSockets,
+	hreq := &helperRequest{ID: c.id, Criu: &helperCriu{
+		Images:       images,
+		Work:         opts.workPath,
+		LeaveRunning: !opts.exit,
+		TCP:          opts.openTCP,
+		ExtUnix:      opts.externalUnixSockets,
 		// A container with a terminal is a shell job to CRIU: its pty's session leader
 		// is outside the dumped tree.
-		ShellJob:          opts.terminal || c.init.io.terminal,
-		FileLocks:         opts.fileLocks,
-		EmptyNs:           emptyNS,
-		ManageCgroupsMode: opts.cgroupsMode,
-		StatusFd:          -1,
-	}
+		ShellJob:    opts.terminal || c.init.io.terminal,
+		FileLocks:   opts.fileLocks,
+		EmptyNS:     emptyNS,
+		CgroupsMode: opts.cgroupsMode,
+	}}
 	start := time.Now()
-	// The deadline is enforced on CRIU itself: libcontainer's Checkpoint has no
-	// context, and a CRIU that hangs (seen on Linux 6.18 with CRIU 4.1.1, in the
-	// parasite's exit) would hold the container's lock for good.
-	stopWatch := watchCRIU(ctx, c)
-	// CRIU is a child of the shim: reaping is held off so libcontainer can wait for it.
-	err = s.reaper.StartFunc(func() ([]int, error) { return nil, c.lc.Checkpoint(criuOpts) })
-	if timedOut := stopWatch(); timedOut {
-		return nil, status.Errorf(codes.DeadlineExceeded, "checkpoint container %q: CRIU did not finish before the deadline and was killed%s",
-			c.id, criuLogTail(filepath.Join(criuLogDir(images, opts.workPath), "dump.log")))
-	}
-	if err != nil {
-		return nil, internal("checkpoint container %q with CRIU: %v%s", c.id, err, criuLogErrors(filepath.Join(criuLogDir(images, opts.workPath), "dump.log")))
+	// The helper runs CRIU; when ctx ends it gets SIGTERM, kills CRIU and thaws the
+	// container (a CRIU that hangs would otherwise hold the container's lock for good).
+	if _, err := s.runHelper(ctx, helperCheckpoint, hreq, nil); err != nil {
+		return nil, err
 	}
 	c.log.Info("container checkpointed", "images", images, "leave_running", !opts.exit, "duration", time.Since(start))
 	s.events.Publish(events.TaskCheckpointed{ContainerID: c.id, Checkpoint: images})
@@ -198,8 +188,8 @@ func (s *Service) Pause(ctx context.Context, req *taskv3.PauseRequest) (*emptypb
 	if st, _, _ := c.init.state(); st != taskapi.Status_RUNNING {
 		return nil, failedPrecondition("container %q is not running: only running containers can be paused", c.id)
 	}
-	if err := c.lc.Pause(); err != nil {
-		return nil, internal("pause container %q: %v", c.id, err)
+	if _, err := s.runHelper(context.Background(), helperPause, &helperRequest{ID: c.id}, nil); err != nil {
+		return nil, err
 	}
 	c.paused.Store(true)
 	c.log.Info("container paused")
@@ -216,8 +206,8 @@ func (s *Service) Resume(ctx context.Context, req *taskv3.ResumeRequest) (*empty
 		return nil, err
 	}
 	defer c.opMu.Unlock()
-	if err := c.lc.Resume(); err != nil && !errors.Is(err, libcontainer.ErrNotPaused) {
-		return nil, internal("resume container %q: %v", c.id, err)
+	if _, err := s.runHelper(context.Background(), helperResume, &helperRequest{ID: c.id}, nil); err != nil {
+		return nil, err
 	}
 	if c.paused.Swap(false) {
 		c.log.Info("container resumed")
@@ -230,27 +220,20 @@ func (s *Service) Resume(ctx context.Context, req *taskv3.ResumeRequest) (*empty
 // it: Create only prepares the rootfs, the libcontainer container and the log, as
 // containerd's runc shim does, so that the CRI's created and started states stay apart.
 type restoreSpec struct {
-	images  string
-	process *specs.Process
+	images string
 }
 
-// prepareRestore checks the CRIU images of a Create with a checkpoint and registers c as
-// created; nothing runs until Start.
-func (s *Service) prepareRestore(c *container, spec *specs.Spec, images string, io ioConfig) (*taskv3.CreateTaskResponse, error) {
-	if !filepath.IsAbs(images) {
-		return nil, invalid("checkpoint %q of container %q must be an absolute path", images, c.id)
-	}
-	if _, err := os.Stat(filepath.Join(images, descriptorsFile)); err != nil {
-		return nil, invalid("checkpoint %q of container %q holds no CRIU images of a container (%s): %v", images, c.id, descriptorsFile, err)
-	}
-	if !c.privatePID {
-		return nil, invalid("container %q restores a checkpoint: it needs its own PID namespace (CRI pid namespace mode CONTAINER)", c.id)
-	}
-	c.restore = &restoreSpec{images: images, process: spec.Process}
+// prepareRestore registers c, whose helper has prepared its restore from the CRIU images,
+// as created; nothing runs until Start.
+func (s *Service) prepareRestore(c *container, images string, io ioConfig) (*taskv3.CreateTaskResponse, error) {
+	c.restore = &restoreSpec{images: images}
 	c.init = newProcessState("", io)
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
+		if _, err := s.runHelper(context.Background(), helperDelete, &helperRequest{ID: c.id, RootfsDir: c.rootfs}, nil); err != nil {
+			c.log.Error("destroy container after failed create", "error", err)
+		}
 		return nil, failedPrecondition("the pod is shutting down")
 	}
 	s.containers[c.id] = c
@@ -259,48 +242,48 @@ func (s *Service) prepareRestore(c *container, spec *specs.Spec, images string, 
 	return &taskv3.CreateTaskResponse{}, nil
 }
 
-// startRestore restores c's processes from its checkpoint with CRIU (libcontainer's
-// Restore): they join the container's new cgroup, the pod's network namespace (the
-// dumped one is external, CRIU gets the new one as an inherited fd) and its IPC and
-// UTS namespaces, and their stdout and stderr become the pipes to the CRI log (CRIU maps
-// the dumped pipe inodes from descriptors.json onto the fds it is given). opMu is held.
+// startRestore restores c's processes from its checkpoint with CRIU (in a helper,
+// libcontainer's Restore): they join the container's new cgroup, the pod's network
+// namespace (the dumped one is external, CRIU gets the new one as an inherited fd) and
+// its IPC and UTS namespaces, and their stdout and stderr become the pipes to the CRI log
+// (CRIU maps the dumped pipe inodes from descriptors.json onto the fds it is given).
+// opMu is held.
 func (s *Service) startRestore(ctx context.Context, c *container) (*taskv3.StartResponse, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
 	p := c.init
-	lp, err := newProcess(c.restore.process)
-	if err != nil {
-		return nil, invalid("container %q: %v", c.id, err)
-	}
-	lp.Init = true
-	sio, err := openStdio(p.io, lp, c.log)
+	var child childStdio
+	sio, err := openStdio(p.io, &child, c.log)
 	if err != nil {
 		return nil, internal("container %q: %v", c.id, err)
 	}
-	criuOpts := &libcontainer.CriuOpts{
-		ImagesDirectory: c.restore.images,
-		ShellJob:        p.io.terminal,
-		StatusFd:        -1,
-	}
+	files, fds := helperFiles(&child)
 	start := time.Now()
-	err = s.reaper.StartFunc(func() ([]int, error) {
-		if err := c.lc.Restore(lp, criuOpts); err != nil {
-			return nil, err
-		}
-		pid, err := lp.Pid()
-		return []int{pid}, err
-	})
+	sub := s.reaper.Subscribe()
+	defer sub.Close()
+	resp, err := s.runHelper(context.Background(), helperRestore, &helperRequest{
+		ID: c.id, Bundle: c.bundle, Terminal: p.io.terminal, Checkpoint: c.restore.images, Stdio: fds,
+	}, files)
 	if err != nil {
 		sio.abort()
-		return nil, status.Errorf(codes.FailedPrecondition, "restore container %q with CRIU: %v%s",
-			c.id, err, criuLogErrors(filepath.Join(c.restore.images, "restore.log")))
+		return nil, err
 	}
-	pid, _ := lp.Pid()
-	p.setStarted(lp, pid, sio)
-	startErr := sio.started()
+	pid := resp.Pid
+	ws, exited := s.reaper.Claim(sub, pid)
+	sub.Close()
+	c.mu.Lock()
+	c.cgInfo = resp.Cgroup
+	c.mu.Unlock()
+	startErr := p.setStarted(pid, sio, ws, exited)
+	if startErr != nil {
+		c.killAll(unix.SIGKILL)
+	}
+	if err := sio.started(); startErr == nil {
+		startErr = err
+	}
 	if startErr == nil {
-		c.oom = s.watchOOM(c.lc, c.log)
+		c.oom = s.watchOOM(c)
 	}
 	p.setRunning()
 	c.restore = nil
@@ -317,7 +300,7 @@ func (s *Service) startRestore(ctx context.Context, c *container) (*taskv3.Start
 // abandonRestore records a container created from a checkpoint and deleted before it
 // was restored as exited: nothing ran, so nothing else will record it.
 func (c *container) abandonRestore() {
-	if lp, _, _ := c.init.started(); lp == nil && c.restore != nil && !c.init.exited() {
+	if pid, _ := c.init.started(); pid == 0 && c.restore != nil && !c.init.exited() {
 		c.init.setExited(0, time.Now())
 	}
 }
@@ -364,10 +347,10 @@ func criuLogTail(path string) string {
 	return fmt.Sprintf(" (last line of %s: %q)", path, lines[len(lines)-1])
 }
 
-// watchCRIU kills the shim's CRIU children when ctx ends before the returned stop is
+// watchCRIU kills the helper's CRIU children when ctx ends before the returned stop is
 // called, and thaws the container's freezer cgroup CRIU may have left frozen, so the
 // container runs on. stop reports whether it had to.
-func watchCRIU(ctx context.Context, c *container) (stop func() bool) {
+func watchCRIU(ctx context.Context, lc *libcontainer.Container, log *slog.Logger) (stop func() bool) {
 	done := make(chan struct{})
 	fired := make(chan bool, 1)
 	go func() {
@@ -376,10 +359,10 @@ func watchCRIU(ctx context.Context, c *container) (stop func() bool) {
 			fired <- false
 		case <-ctx.Done():
 			for _, pid := range criuChildren() {
-				c.log.Warn("killing CRIU past the checkpoint deadline", "pid", pid)
+				log.Warn("killing CRIU past the checkpoint deadline", "pid", pid)
 				_ = unix.Kill(pid, unix.SIGKILL)
 			}
-			if st, err := c.lc.State(); err == nil {
+			if st, err := lc.State(); err == nil {
 				if dir := st.CgroupPaths["freezer"]; dir != "" {
 					_ = os.WriteFile(filepath.Join(dir, "freezer.state"), []byte("THAWED"), 0)
 				}
@@ -393,7 +376,7 @@ func watchCRIU(ctx context.Context, c *container) (stop func() bool) {
 	}
 }
 
-// criuChildren lists the shim's child processes that run criu.
+// criuChildren lists the helper's child processes that run criu.
 func criuChildren() []int {
 	var pids []int
 	tasks, _ := os.ReadDir("/proc/self/task")

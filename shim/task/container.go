@@ -1,20 +1,21 @@
 package task
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	taskapi "github.com/crisp-runtime/crisp/api/containerd/types/task"
-	"github.com/crisp-runtime/crisp/mount"
 	"github.com/crisp-runtime/crisp/shim/cgstats"
 	"github.com/crisp-runtime/crisp/shim/crilog"
-	"github.com/opencontainers/runc/libcontainer"
+	"github.com/opencontainers/cgroups"
 	"golang.org/x/sys/unix"
 )
 
@@ -34,7 +35,6 @@ type container struct {
 	// rootfs is the directory the shim mounted the rootfs at, "" if it mounted nothing.
 	rootfs     string
 	privatePID bool
-	lc         *libcontainer.Container
 	init       *process
 	logw       *crilog.Writer // nil without a log path
 	oom        *oomWatch      // nil if the memory cgroup cannot be watched
@@ -50,12 +50,47 @@ type container struct {
 	// update, delete); status, wait and kill never wait for it.
 	opMu sync.Mutex
 
-	mu      sync.Mutex // guards execs, deleted and cg
+	mu      sync.Mutex // guards execs, deleted, cgInfo and cg
 	execs   map[string]*process
 	deleted bool
+	// cgInfo is what the helper that created (or restored) the container reported of its
+	// cgroups; nil if it reported none.
+	cgInfo *cgroupInfo
 	// cg is the container's cgroup for Stats, loaded on the first call (loading probes
 	// every hierarchy; a shim nobody asks for stats never pays for it).
 	cg *cgstats.Cgroup
+}
+
+// cgroupDir returns the container's cgroup directory of controller ("" for cgroup v2),
+// or "" if it is not known.
+func (c *container) cgroupDir(controller string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cgInfo == nil {
+		return ""
+	}
+	return c.cgInfo.Paths[controller]
+}
+
+// procsDir is a cgroup directory whose cgroup.procs (with its children's) lists every
+// process of the container: the unified one, else v1's devices (as libcontainer's
+// GetAllPids), or another controller's.
+func (c *container) procsDir() string {
+	for _, ctl := range []string{"", "devices", "pids", "freezer", "memory", "cpu"} {
+		if dir := c.cgroupDir(ctl); dir != "" {
+			return dir
+		}
+	}
+	return ""
+}
+
+// pids lists the processes of the container's cgroup.
+func (c *container) pids() ([]int, error) {
+	dir := c.procsDir()
+	if dir == "" {
+		return nil, errors.New("the container has no cgroup")
+	}
+	return cgroups.GetAllPids(dir)
 }
 
 // lockLive takes opMu for an operation that changes the container; NotFound (and
@@ -86,16 +121,13 @@ func (c *container) process(execID string) (*process, error) {
 // waitInit is the one waiter of the container's init.
 func (c *container) waitInit() {
 	p := c.init
-	lp, pid, sio := p.started()
-	if err := waitExited(pid); err != nil {
-		c.log.Warn("wait for container exit through pidfd", "error", err)
-	}
-	ps, err := lp.Wait()
+	pid, sio := p.started()
+	ws, err := p.wait(c.svc.reaper)
 	at := time.Now()
-	c.svc.reaper.Forget(pid)
-	status := exitStatus(ps)
-	if ps == nil {
+	status := exitStatus(ws)
+	if err != nil {
 		c.log.Error("wait for container init", "pid", pid, "error", err)
+		status = 255
 	}
 	if !c.privatePID {
 		// In a shared PID namespace nothing kills the rest of the container with its
@@ -121,29 +153,39 @@ func (c *container) waitInit() {
 
 // waitExec is the one waiter of an exec.
 func (c *container) waitExec(p *process) {
-	lp, pid, sio := p.started()
-	if err := waitExited(pid); err != nil {
-		c.log.Warn("wait for exec exit through pidfd", "exec", p.execID, "error", err)
-	}
-	ps, err := lp.Wait()
+	pid, sio := p.started()
+	ws, err := p.wait(c.svc.reaper)
 	at := time.Now()
-	c.svc.reaper.Forget(pid)
-	if ps == nil {
+	status := exitStatus(ws)
+	if err != nil {
 		c.log.Error("wait for exec", "exec", p.execID, "pid", pid, "error", err)
+		status = 255
 	}
 	if !sio.drain(drainTimeout) {
 		c.log.Warn("exec output still open after exit", "exec", p.execID)
 	}
 	// Nothing more can come: release the fds and goroutines now, not only on delete.
 	sio.close()
-	p.setExited(exitStatus(ps), at)
-	c.log.Debug("exec exited", "exec", p.execID, "pid", pid, "exit_status", exitStatus(ps))
+	p.setExited(status, at)
+	c.log.Debug("exec exited", "exec", p.execID, "pid", pid, "exit_status", status)
 	c.svc.releaseMemory()
 }
 
-// killAll signals every process in the container's cgroup.
+// killAll signals every process in the container's cgroup; SIGKILL goes through
+// cgroup.kill where there is one (cgroup v2), which no fork can escape.
 func (c *container) killAll(sig syscall.Signal) {
-	pids, err := c.lc.Processes()
+	if sig == unix.SIGKILL {
+		if dir := c.cgroupDir(""); dir != "" {
+			err := os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0)
+			if err == nil {
+				return
+			}
+			if !errors.Is(err, os.ErrNotExist) {
+				c.log.Debug("kill container through cgroup.kill", "error", err)
+			}
+		}
+	}
+	pids, err := c.pids()
 	if err != nil {
 		c.log.Debug("list container processes", "error", err)
 		return
@@ -159,10 +201,12 @@ func (c *container) killAll(sig syscall.Signal) {
 func (c *container) stop() error {
 	c.abandonRestore()
 	if !c.init.exited() {
-		// libcontainer's Signal kills every process of the cgroup for SIGKILL when
-		// the PID namespace is shared; a private one dies with its init.
-		if err := c.lc.Signal(unix.SIGKILL); err != nil && !errors.Is(err, libcontainer.ErrNotRunning) {
+		if err := c.init.signal(unix.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) && !errors.Is(err, errNotStarted) {
 			c.log.Warn("kill container", "error", err)
+		}
+		if !c.privatePID {
+			// A private PID namespace dies with its init; a shared one does not.
+			c.killAll(unix.SIGKILL)
 		}
 	}
 	t := time.NewTimer(killTimeout)
@@ -209,10 +253,9 @@ func (c *container) stopExec(p *process) error {
 }
 
 // destroy removes what the container holds once its processes are gone: stdio, log, OOM
-// watch, libcontainer state and cgroup leaf, and the rootfs mount.
+// watch, and, through a helper, libcontainer state, cgroup leaf and the rootfs mount.
 func (c *container) destroy() error {
-	var errs []error
-	if _, _, sio := c.init.started(); sio != nil {
+	if _, sio := c.init.started(); sio != nil {
 		sio.close()
 	}
 	if c.logw != nil {
@@ -221,15 +264,9 @@ func (c *container) destroy() error {
 	if c.oom != nil {
 		c.oom.stop()
 	}
-	if err := c.svc.destroyLibcontainer(c.lc); err != nil {
-		errs = append(errs, err)
+	_, err := c.svc.runHelper(context.Background(), helperDelete, &helperRequest{ID: c.id, RootfsDir: c.rootfs}, nil)
+	if err != nil {
+		return errors.New(helperMessage(err))
 	}
-	if c.rootfs != "" {
-		if err := mount.Unmount(c.rootfs); err != nil {
-			errs = append(errs, err)
-		} else if err := os.Remove(c.rootfs); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, fmt.Errorf("remove rootfs dir: %w", err))
-		}
-	}
-	return errors.Join(errs...)
+	return nil
 }

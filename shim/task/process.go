@@ -3,14 +3,13 @@ package task
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sync"
 	"syscall"
 	"time"
 
 	taskapi "github.com/crisp-runtime/crisp/api/containerd/types/task"
-	"github.com/opencontainers/runc/libcontainer"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 )
 
@@ -18,14 +17,19 @@ import (
 type process struct {
 	execID string // "" for the init
 	io     ioConfig
-	// spec is an exec's process until it is started.
-	spec *specs.Process
+	// spec is an exec's OCI process (JSON, decoded only by the helper) until it starts.
+	spec []byte
 
 	mu sync.Mutex
-	// lp, pid and stdio are set once when the process starts.
-	lp         *libcontainer.Process
-	pid        int
-	stdio      *stdio
+	// pid and stdio are set once when the process starts.
+	pid   int
+	stdio *stdio
+	// pidfd refers to the process from its start until it is reaped (closed then, under
+	// mu): signals through it never hit a process that reused the pid.
+	pidfd *os.File
+	// early is the wait status of a process that exited, and was reaped as an orphan,
+	// before the shim learnt its pid from the helper that started it.
+	early      *unix.WaitStatus
 	status     taskapi.Status
 	exitStatus uint32
 	exitedAt   time.Time
@@ -44,18 +48,30 @@ func (p *process) state() (taskapi.Status, uint32, time.Time) {
 	return p.status, p.exitStatus, p.exitedAt
 }
 
-// setStarted records the started process.
-func (p *process) setStarted(lp *libcontainer.Process, pid int, sio *stdio) {
-	p.mu.Lock()
-	p.lp, p.pid, p.stdio = lp, pid, sio
-	p.mu.Unlock()
-}
-
-// started returns what setStarted recorded (nils before).
-func (p *process) started() (*libcontainer.Process, int, *stdio) {
+// setStarted records the started process: claimed, its pid is tracked for the shim
+// (exited false) or was already reaped with status ws (exited true). A pidfd is opened
+// for a tracked pid; the pid cannot be reused before the shim reaps it.
+func (p *process) setStarted(pid int, sio *stdio, ws unix.WaitStatus, exited bool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.lp, p.pid, p.stdio
+	p.pid, p.stdio = pid, sio
+	if exited {
+		p.early = &ws
+		return nil
+	}
+	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	if err != nil {
+		return fmt.Errorf("pidfd_open %d: %w", pid, err)
+	}
+	p.pidfd = os.NewFile(uintptr(fd), "pidfd")
+	return nil
+}
+
+// started returns the pid and stdio (0 and nil before the start).
+func (p *process) started() (int, *stdio) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.pid, p.stdio
 }
 
 // setRunning marks a created process running; an exit recorded meanwhile wins.
@@ -71,6 +87,10 @@ func (p *process) setRunning() {
 func (p *process) setExited(status uint32, at time.Time) {
 	p.mu.Lock()
 	p.status, p.exitStatus, p.exitedAt = taskapi.Status_STOPPED, status, at.UTC()
+	if p.pidfd != nil {
+		_ = p.pidfd.Close()
+		p.pidfd = nil
+	}
 	p.mu.Unlock()
 	close(p.done)
 }
@@ -84,27 +104,67 @@ func (p *process) exited() bool {
 	}
 }
 
-// signal sends sig to the process; ErrProcessDone once it has exited. libcontainer
-// signals through the pidfd Go keeps for the process, so a reused pid is never hit.
+// signal sends sig to the process through its pidfd; ErrProcessDone once it has exited.
 func (p *process) signal(sig syscall.Signal) error {
-	lp, pid, _ := p.started()
-	if lp == nil {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.pid == 0 {
 		return errNotStarted
 	}
-	if err := lp.Signal(sig); err != nil {
-		if errors.Is(err, os.ErrProcessDone) {
-			return err
-		}
-		return fmt.Errorf("signal pid %d: %w", pid, err)
+	if p.pidfd == nil {
+		return os.ErrProcessDone
+	}
+	rc, err := p.pidfd.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("signal pid %d: %w", p.pid, err)
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) { serr = unix.PidfdSendSignal(int(fd), sig, nil, 0) }); err != nil {
+		return fmt.Errorf("signal pid %d: %w", p.pid, err)
+	}
+	switch {
+	case errors.Is(serr, unix.ESRCH):
+		return os.ErrProcessDone
+	case serr != nil:
+		return fmt.Errorf("signal pid %d: %w", p.pid, serr)
 	}
 	return nil
 }
 
+// wait blocks until the process has exited, reaps it and returns its wait status. The
+// wait on the pidfd goes through the runtime poller: a plain wait4 would park one OS
+// thread per running process for as long as it runs.
+func (p *process) wait(r Reaper) (unix.WaitStatus, error) {
+	p.mu.Lock()
+	pid, fd, early := p.pid, p.pidfd, p.early
+	p.mu.Unlock()
+	if early != nil {
+		return *early, nil
+	}
+	// fd stays open: only setExited, after this returns, closes it. Without one (it
+	// could not be opened) wait4 blocks a thread instead.
+	if fd != nil {
+		if err := waitPidfd(fd); err != nil {
+			return 0, err
+		}
+	}
+	var ws unix.WaitStatus
+	for {
+		_, err := unix.Wait4(pid, &ws, 0, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		r.Forget(pid)
+		if err != nil {
+			return 0, fmt.Errorf("wait4 %d: %w", pid, err)
+		}
+		return ws, nil
+	}
+}
+
 var errNotStarted = errors.New("process not started")
 
-// waitExited blocks until pid has exited, without reaping it (libcontainer's Wait does
-// that next). It waits on a pidfd through the runtime poller: a plain Wait would park
-// one OS thread in waitid per running process for as long as it runs.
+// waitExited blocks until pid has exited, without reaping it.
 func waitExited(pid int) error {
 	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
 	if err != nil {
@@ -115,6 +175,11 @@ func waitExited(pid int) error {
 	}
 	f := os.NewFile(uintptr(fd), "pidfd")
 	defer f.Close()
+	return waitPidfd(f)
+}
+
+// waitPidfd blocks until the process of the pidfd f has exited, without reaping it.
+func waitPidfd(f *os.File) error {
 	rc, err := f.SyscallConn()
 	if err != nil {
 		return err
@@ -128,15 +193,61 @@ func waitExited(pid int) error {
 }
 
 // exitStatus is the status containerd reports: the exit code, or 128+signal.
-func exitStatus(ps *os.ProcessState) uint32 {
-	if ps == nil {
-		return 255
+func exitStatus(ws unix.WaitStatus) uint32 {
+	if ws.Signaled() {
+		return 128 + uint32(ws.Signal())
 	}
-	if ws, ok := ps.Sys().(syscall.WaitStatus); ok {
-		if ws.Signaled() {
-			return 128 + uint32(ws.Signal())
+	return uint32(ws.ExitStatus())
+}
+
+// execFifoName is the FIFO in a container's libcontainer state dir that its init opens
+// for writing and blocks on until the container is started.
+const execFifoName = "exec.fifo"
+
+// startInit starts a created container's program as libcontainer's Exec does: it opens
+// the exec fifo for reading, which lets the init's open return and the init exec the
+// program, reads the byte the init writes and removes the fifo (libcontainer then reports
+// the container running). exited is closed when the init has exited: one that died
+// before it opened the fifo never will, and the open blocked on it is released.
+func startInit(path string, exited <-chan struct{}) error {
+	type result struct {
+		f   *os.File
+		err error
+	}
+	opened := make(chan result, 1)
+	go func() {
+		f, err := os.OpenFile(path, os.O_RDONLY, 0)
+		opened <- result{f, err}
+	}()
+	var r result
+	dead := false
+	select {
+	case r = <-opened:
+	case <-exited:
+		dead = true
+		// A writer that opens without blocking (there is a reader waiting) releases
+		// the reader's open; it then reads whatever the init wrote before it died.
+		if w, err := os.OpenFile(path, os.O_WRONLY|unix.O_NONBLOCK, 0); err == nil {
+			_ = w.Close()
 		}
-		return uint32(ws.ExitStatus())
+		r = <-opened
 	}
-	return uint32(ps.ExitCode())
+	if r.err != nil {
+		return fmt.Errorf("exec fifo: %w", r.err)
+	}
+	data, err := io.ReadAll(r.f)
+	_ = r.f.Close()
+	if err != nil {
+		return fmt.Errorf("exec fifo: %w", err)
+	}
+	if len(data) == 0 {
+		if dead {
+			return errors.New("container process is already dead")
+		}
+		return errors.New("cannot start an already running container")
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("exec fifo: %w", err)
+	}
+	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime/debug"
 	"strings"
@@ -19,13 +20,12 @@ import (
 	taskapi "github.com/crisp-runtime/crisp/api/containerd/types/task"
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/api/shimapi"
-	"github.com/crisp-runtime/crisp/mount"
 	"github.com/crisp-runtime/crisp/shim/crilog"
 	"github.com/crisp-runtime/crisp/shim/events"
+	"github.com/crisp-runtime/crisp/shim/reaper"
 	"github.com/crisp-runtime/crisp/version"
 	// Registers the device-rule backend that the cgroup v1 devices controller needs.
 	_ "github.com/opencontainers/cgroups/devices"
-	"github.com/opencontainers/runc/libcontainer"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
@@ -35,12 +35,19 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
-// Reaper is the part of the shim's reaper the task service needs: libcontainer forks and
-// waits for helpers of its own while it starts a process, and then the service waits for
-// the process itself, so reaping must be held off meanwhile and the pid left alone.
+// Reaper is the part of the shim's reaper the task service needs. The service runs
+// task helpers as its own children; the processes they start are re-parented to the
+// shim when the helper exits (or earlier), and the service claims their pids then, from
+// a subscription opened before the helper ran that caught those that exited meanwhile.
 type Reaper interface {
-	// StartFunc runs start with reaping held off and tracks the pids it returns.
-	StartFunc(start func() ([]int, error)) error
+	// Start starts cmd and tracks it for the caller, who must Wait.
+	Start(cmd *exec.Cmd) error
+	// Wait waits for a command started with Start.
+	Wait(cmd *exec.Cmd) error
+	// Subscribe records the exits of untracked children until the subscription closes.
+	Subscribe() *reaper.Subscription
+	// Claim tracks pid for the caller, or returns its status if it was reaped already.
+	Claim(sub *reaper.Subscription, pid int) (unix.WaitStatus, bool)
 	// Forget stops tracking pid after its owner has waited for it.
 	Forget(pid int)
 }
@@ -55,6 +62,9 @@ type Config struct {
 	Reaper    Reaper
 	// Events receives containerd's task events; nil publishes none.
 	Events *events.Publisher
+	// Helper is the binary run as the task helper (HelperArg); "" is the running
+	// binary itself, which the shim is.
+	Helper string
 	// OnIdleShutdown is called by a task Shutdown that finds no container left. The
 	// shim exits then unless it serves a sandbox (CreateSandbox): under containerd's
 	// podsandbox, and with task-only callers, the shim's life is its tasks', as with
@@ -71,6 +81,7 @@ type Service struct {
 	reaper    Reaper
 	events    *events.Publisher
 	onIdle    func()
+	helper    string
 
 	mu         sync.Mutex
 	containers map[string]*container
@@ -102,7 +113,14 @@ func New(cfg Config) (*Service, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	helper := cfg.Helper
+	if helper == "" {
+		// Not os.Executable's path: /proc/self/exe stays this binary even once an
+		// upgrade has replaced the file.
+		helper = "/proc/self/exe"
+	}
 	return &Service{
+		helper:     helper,
 		sandboxID:  cfg.SandboxID,
 		root:       cfg.StateRoot,
 		log:        log,
@@ -220,7 +238,7 @@ func (s *Service) Create(ctx context.Context, req *taskv3.CreateTaskRequest) (_ 
 	}()
 	log := s.log.With("container", id)
 
-	// 2. Options and spec.
+	// 2. Options.
 	opts, err := unpackOptions(req.GetOptions())
 	if err != nil {
 		return nil, err
@@ -232,72 +250,24 @@ func (s *Service) Create(ctx context.Context, req *taskv3.CreateTaskRequest) (_ 
 	if !filepath.IsAbs(bundle) || filepath.Clean(bundle) != bundle {
 		return nil, invalid("bundle %q must be an absolute, clean path", bundle)
 	}
-	spec, err := loadSpec(bundle)
-	if err != nil {
-		return nil, invalid("container %q: %v", id, err)
+	images := req.GetCheckpoint()
+	if images != "" {
+		if !filepath.IsAbs(images) {
+			return nil, invalid("checkpoint %q of container %q must be an absolute path", images, id)
+		}
+		if _, err := os.Stat(filepath.Join(images, descriptorsFile)); err != nil {
+			return nil, invalid("checkpoint %q of container %q holds no CRIU images of a container (%s): %v", images, id, descriptorsFile, err)
+		}
 	}
-	// The request says whether there is a terminal (containerd does the same).
-	spec.Process.Terminal = req.GetTerminal()
-
-	// 3. Root filesystem.
 	c := &container{
-		id:         id,
-		bundle:     bundle,
-		privatePID: privatePIDNamespace(spec),
-		log:        log,
-		svc:        s,
-		execs:      map[string]*process{},
-	}
-	rootfs := rootfsPath(bundle, spec)
-	if ms := req.GetRootfs(); len(ms) > 0 {
-		if err := os.MkdirAll(rootfs, 0o711); err != nil {
-			return nil, internal("create rootfs dir: %v", err)
-		}
-		mounts := make([]mount.Mount, 0, len(ms))
-		for _, m := range ms {
-			mounts = append(mounts, mount.Mount{Type: m.GetType(), Source: m.GetSource(), Options: m.GetOptions()})
-		}
-		if err := mountRootfs(spec, mounts, rootfs); err != nil {
-			_ = os.Remove(rootfs)
-			return nil, internal("mount rootfs of container %q: %v", id, err)
-		}
-		c.rootfs = rootfs
-		defer func() {
-			if retErr != nil {
-				if err := mount.Unmount(rootfs); err != nil {
-					log.Error("unmount rootfs after failed create", "error", err)
-				} else {
-					_ = os.Remove(rootfs)
-				}
-			}
-		}()
+		id:     id,
+		bundle: bundle,
+		log:    log,
+		svc:    s,
+		execs:  map[string]*process{},
 	}
 
-	// 4. libcontainer container (cgroup created on start).
-	cfg, err := libcontainerConfig(id, bundle, spec)
-	if err != nil {
-		return nil, invalid("convert spec of container %q: %v", id, err)
-	}
-	if err := s.clearStale(id); err != nil {
-		return nil, internal("container %q: %v", id, err)
-	}
-	lc, err := libcontainer.Create(s.root, id, cfg)
-	if err != nil {
-		if errors.Is(err, libcontainer.ErrExist) {
-			return nil, status.Errorf(codes.AlreadyExists, "container %q already exists", id)
-		}
-		return nil, invalid("create container %q: %v", id, err)
-	}
-	c.lc = lc
-	defer func() {
-		if retErr != nil {
-			if err := s.destroyLibcontainer(lc); err != nil {
-				log.Error("destroy container after failed create", "error", err)
-			}
-		}
-	}()
-
-	// 5. Log file and stdio.
+	// 3. Log file and stdio.
 	if path := opts.GetLogPath(); path != "" {
 		if !filepath.IsAbs(path) {
 			return nil, invalid("log_path %q must be absolute", path)
@@ -324,43 +294,65 @@ func (s *Service) Create(ctx context.Context, req *taskv3.CreateTaskRequest) (_ 
 		// Its output goes through the shim even without a log: attach joins it.
 		attachable: true,
 	}
-	if images := req.GetCheckpoint(); images != "" {
-		// Restored by Start, as containerd's runc shim does.
-		return s.prepareRestore(c, spec, images, io)
+	hreq := &helperRequest{ID: id, Bundle: bundle, Terminal: req.GetTerminal(), Checkpoint: images}
+	for _, m := range req.GetRootfs() {
+		hreq.Rootfs = append(hreq.Rootfs, helperMount{Type: m.GetType(), Source: m.GetSource(), Options: m.GetOptions()})
 	}
-	lp, err := newProcess(spec.Process)
-	if err != nil {
-		return nil, invalid("container %q: %v", id, err)
+	if images != "" {
+		// Restored by Start, as containerd's runc shim does: the helper only mounts
+		// the rootfs and creates the libcontainer container.
+		resp, err := s.runHelper(context.Background(), helperCreate, hreq, nil)
+		if resp == nil && err != nil {
+			s.cleanupAfterHelper(id, len(hreq.Rootfs) > 0)
+		}
+		if err != nil {
+			return nil, err
+		}
+		c.privatePID, c.rootfs, c.cgInfo = resp.PrivatePID, resp.Rootfs, resp.Cgroup
+		return s.prepareRestore(c, images, io)
 	}
-	lp.Init = true
 	p := newProcessState("", io)
-	sio, err := openStdio(p.io, lp, log)
+	var child childStdio
+	sio, err := openStdio(p.io, &child, log)
 	if err != nil {
 		return nil, internal("container %q: %v", id, err)
 	}
+	files, fds := helperFiles(&child)
+	hreq.Stdio = fds
 
-	// 6. Start the init; it stops at libcontainer's exec fifo until Start.
-	err = s.reaper.StartFunc(func() ([]int, error) {
-		if err := lc.Start(lp); err != nil {
-			return nil, err
-		}
-		pid, err := lp.Pid()
-		return []int{pid}, err
-	})
+	// 4. The helper mounts the rootfs, creates the libcontainer container and starts
+	// the init, which stops at libcontainer's exec fifo until Start. Exits of orphans
+	// are recorded meanwhile: the init may exit before the helper names it.
+	sub := s.reaper.Subscribe()
+	defer sub.Close()
+	resp, err := s.runHelper(context.Background(), helperCreate, hreq, files)
 	if err != nil {
 		sio.abort()
-		return nil, internal("start init of container %q: %v", id, err)
+		if resp == nil {
+			s.cleanupAfterHelper(id, len(hreq.Rootfs) > 0)
+		}
+		return nil, err
 	}
-	pid, _ := lp.Pid()
-	p.setStarted(lp, pid, sio)
+	c.privatePID, c.rootfs, c.cgInfo = resp.PrivatePID, resp.Rootfs, resp.Cgroup
+	pid := resp.Pid
+	ws, exited := s.reaper.Claim(sub, pid)
+	sub.Close()
 	c.init = p
-	// From here the init runs; a failure kills it, and its waiter reaps it.
-	startErr := sio.started()
+	// From here the init runs (or ran); a failure kills it, and its waiter reaps it.
+	startErr := p.setStarted(pid, sio, ws, exited)
+	if startErr != nil {
+		// Without a pidfd the init cannot be waited for through the poller; killed
+		// through its cgroup, its waiter reaps it blind.
+		c.killAll(unix.SIGKILL)
+	}
+	if err := sio.started(); startErr == nil {
+		startErr = err
+	}
 
-	// 7. OOM kills are recorded per container; a watch that cannot be set up only
+	// 5. OOM kills are recorded per container; a watch that cannot be set up only
 	// costs that information.
 	if startErr == nil {
-		c.oom = s.watchOOM(lc, log)
+		c.oom = s.watchOOM(c)
 	}
 	go func() {
 		c.waitInit()
@@ -374,6 +366,9 @@ func (s *Service) Create(ctx context.Context, req *taskv3.CreateTaskRequest) (_ 
 			sio.close()
 			if c.oom != nil {
 				c.oom.stop()
+			}
+			if _, err := s.runHelper(context.Background(), helperDelete, &helperRequest{ID: id, RootfsDir: c.rootfs}, nil); err != nil {
+				log.Error("destroy container after failed create", "error", err)
 			}
 		}
 	}()
@@ -403,33 +398,28 @@ func (s *Service) Create(ctx context.Context, req *taskv3.CreateTaskRequest) (_ 
 // publishExit sends /tasks/exit for p once its waiter has recorded the exit; id is
 // the exec id, or the container id for the init (as containerd's shims say it).
 func (s *Service) publishExit(containerID, id string, p *process) {
-	_, pid, _ := p.started()
+	pid, _ := p.started()
 	_, code, at := p.state()
 	s.events.Publish(events.TaskExit{ContainerID: containerID, ID: id, Pid: uint32(pid), ExitStatus: code, ExitedAt: at})
 }
 
 // watchOOM watches the container's memory cgroup; nil if it cannot.
-func (s *Service) watchOOM(lc *libcontainer.Container, log *slog.Logger) *oomWatch {
-	st, err := lc.State()
-	if err != nil {
-		log.Warn("watch OOM kills: container state", "error", err)
-		return nil
-	}
-	dir := st.CgroupPaths["memory"]
+func (s *Service) watchOOM(c *container) *oomWatch {
+	dir := c.cgroupDir("memory")
 	if dir == "" {
-		dir = st.CgroupPaths[""] // cgroup v2
+		dir = c.cgroupDir("") // cgroup v2
 	}
 	if dir == "" {
-		log.Warn("watch OOM kills: no memory cgroup")
+		c.log.Warn("watch OOM kills: no memory cgroup")
 		return nil
 	}
-	id := lc.ID()
-	w, err := watchOOM(dir, log, func() {
-		log.Warn("OOM killer killed a process of the container")
+	id := c.id
+	w, err := watchOOM(dir, c.log, func() {
+		c.log.Warn("OOM killer killed a process of the container")
 		s.events.Publish(events.TaskOOM{ContainerID: id})
 	})
 	if err != nil {
-		log.Warn("watch OOM kills", "error", err)
+		c.log.Warn("watch OOM kills", "error", err)
 		return nil
 	}
 	return w
@@ -475,29 +465,6 @@ func validID(id string) bool {
 	return true
 }
 
-// clearStale destroys a container of id that no container of this shim owns, left by
-// an earlier shim of this pod, before the id is created again.
-func (s *Service) clearStale(id string) error {
-	return destroyStale(s.root, id, s.destroyLibcontainer, s.log)
-}
-
-// destroyLibcontainer removes the container's cgroup leaf and state. Reaping is held off:
-// poststop hooks are children libcontainer waits for. A process still leaving the cgroup
-// makes removal fail with EBUSY for a moment, hence the retries.
-func (s *Service) destroyLibcontainer(lc *libcontainer.Container) error {
-	var err error
-	for attempt := range 5 {
-		if attempt > 0 {
-			time.Sleep(time.Duration(attempt) * 20 * time.Millisecond)
-		}
-		err = s.reaper.StartFunc(func() ([]int, error) { return nil, lc.Destroy() })
-		if err == nil {
-			return nil
-		}
-	}
-	return fmt.Errorf("destroy container %s: %w", lc.ID(), err)
-}
-
 // Start starts a created container's program, or an exec.
 func (s *Service) Start(ctx context.Context, req *taskv3.StartRequest) (*taskv3.StartResponse, error) {
 	c, err := s.getLocked(req.GetID())
@@ -518,12 +485,13 @@ func (s *Service) Start(ctx context.Context, req *taskv3.StartRequest) (*taskv3.
 	case taskapi.Status_STOPPED:
 		return nil, failedPrecondition("container %q has exited", c.id)
 	}
-	// Opens the exec fifo: the init runs the program once it sees the reader.
-	if err := c.lc.Exec(); err != nil {
+	// Opens the exec fifo, as libcontainer's Exec does: the init runs the program once
+	// it sees the reader. Nothing of libcontainer is needed for it, so no helper runs.
+	if err := startInit(filepath.Join(s.root, c.id, execFifoName), p.done); err != nil {
 		return nil, failedPrecondition("start container %q: %v", c.id, err)
 	}
 	p.setRunning()
-	_, pid, _ := p.started()
+	pid, _ := p.started()
 	c.log.Info("container started", "pid", pid)
 	s.events.Publish(events.TaskStart{ContainerID: c.id, Pid: uint32(pid)})
 	return &taskv3.StartResponse{Pid: uint32(pid)}, nil
@@ -547,33 +515,34 @@ func (s *Service) startExec(c *container, execID string) (_ *taskv3.StartRespons
 	if st, _, _ := c.init.state(); st == taskapi.Status_STOPPED {
 		return nil, failedPrecondition("container %q is not running", c.id)
 	}
-	lp, err := newProcess(p.spec)
-	if err != nil {
-		return nil, invalid("exec %q: %v", execID, err)
-	}
-	lp.Init = false
-	sio, err := openStdio(p.io, lp, c.log.With("exec", execID))
+	var child childStdio
+	sio, err := openStdio(p.io, &child, c.log.With("exec", execID))
 	if err != nil {
 		return nil, internal("exec %q: %v", execID, err)
 	}
-	err = s.reaper.StartFunc(func() ([]int, error) {
-		if err := c.lc.Run(lp); err != nil {
-			return nil, err
-		}
-		pid, err := lp.Pid()
-		return []int{pid}, err
-	})
+	files, fds := helperFiles(&child)
+	sub := s.reaper.Subscribe()
+	defer sub.Close()
+	resp, err := s.runHelper(context.Background(), helperExec, &helperRequest{
+		ID: c.id, ExecID: execID, Terminal: p.io.terminal, Process: p.spec, Stdio: fds,
+	}, files)
 	if err != nil {
 		sio.abort()
-		return nil, internal("exec %q in container %q: %v", execID, c.id, err)
+		return nil, err
 	}
-	pid, _ := lp.Pid()
-	p.setStarted(lp, pid, sio)
+	pid := resp.Pid
+	ws, exited := s.reaper.Claim(sub, pid)
+	sub.Close()
+	startErr := p.setStarted(pid, sio, ws, exited)
+	if startErr != nil {
+		c.log.Error("exec started but cannot be watched", "exec", execID, "pid", pid, "error", startErr)
+		_ = unix.Kill(pid, unix.SIGKILL)
+	}
 	p.spec = nil
 	p.setRunning()
 	// The copiers must run before the waiter drains them.
-	startErr := sio.started()
-	if startErr != nil {
+	if err := sio.started(); startErr == nil && err != nil {
+		startErr = err
 		_ = p.signal(unix.SIGKILL)
 	}
 	go func() {
@@ -606,7 +575,7 @@ func (s *Service) Delete(ctx context.Context, req *taskv3.DeleteRequest) (*taskv
 	if err := s.deleteContainer(c); err != nil {
 		return nil, err
 	}
-	_, pid, _ := c.init.started()
+	pid, _ := c.init.started()
 	_, code, at := c.init.state()
 	s.events.Publish(events.TaskDelete{ContainerID: c.id, Pid: uint32(pid), ExitStatus: code, ExitedAt: at})
 	return &taskv3.DeleteResponse{Pid: uint32(pid), ExitStatus: code, ExitedAt: timestamppb.New(at)}, nil
@@ -658,7 +627,7 @@ func (c *container) deleteExec(execID string) (*taskv3.DeleteResponse, error) {
 	if err := c.stopExec(p); err != nil {
 		return nil, internal("delete exec %q: %v", execID, err)
 	}
-	_, pid, sio := p.started()
+	pid, sio := p.started()
 	if sio != nil {
 		sio.close()
 	}
@@ -709,14 +678,19 @@ func (s *Service) Exec(ctx context.Context, req *taskv3.ExecProcessRequest) (*em
 	if a == nil || a.GetTypeUrl() != processTypeURL {
 		return nil, invalid("exec spec must be a %s, got %q", processTypeURL, a.GetTypeUrl())
 	}
-	var spec specs.Process
+	// Only what validateProcess looks at is decoded: the helper decodes the whole
+	// process, and decoding it here would keep encoding/json's caches for every OCI
+	// type it holds alive in the shim.
+	var spec struct {
+		Args []string `json:"args"`
+		Cwd  string   `json:"cwd"`
+	}
 	if err := json.Unmarshal(a.GetValue(), &spec); err != nil {
 		return nil, invalid("decode exec spec: %v", err)
 	}
-	if err := validateProcess(&spec); err != nil {
+	if err := validateProcess(&specs.Process{Args: spec.Args, Cwd: spec.Cwd}); err != nil {
 		return nil, invalid("exec %q: %v", execID, err)
 	}
-	spec.Terminal = req.GetTerminal()
 	if st, _, _ := c.init.state(); st == taskapi.Status_STOPPED {
 		return nil, failedPrecondition("container %q is not running", c.id)
 	}
@@ -726,7 +700,7 @@ func (s *Service) Exec(ctx context.Context, req *taskv3.ExecProcessRequest) (*em
 		stdout:   req.GetStdout(),
 		stderr:   req.GetStderr(),
 	})
-	p.spec = &spec
+	p.spec = a.GetValue()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.deleted {
@@ -756,11 +730,16 @@ func (s *Service) Kill(ctx context.Context, req *taskv3.KillRequest) (*emptypb.E
 		if p.exited() {
 			return nil, notFound("container %q: process already finished", c.id)
 		}
-		if err := c.lc.Signal(sig); err != nil {
-			if errors.Is(err, libcontainer.ErrNotRunning) {
+		if err := p.signal(sig); err != nil {
+			if errors.Is(err, os.ErrProcessDone) || errors.Is(err, errNotStarted) {
 				return nil, notFound("container %q: process already finished", c.id)
 			}
 			return nil, internal("signal container %q: %v", c.id, err)
+		}
+		if sig == unix.SIGKILL && !c.privatePID {
+			// As libcontainer's Signal: with a shared PID namespace the rest of the
+			// container does not die with its init.
+			c.killAll(sig)
 		}
 		return &emptypb.Empty{}, nil
 	}
@@ -801,7 +780,7 @@ func (s *Service) State(ctx context.Context, req *taskv3.StateRequest) (*taskv3.
 	if st == taskapi.Status_RUNNING && c.paused.Load() {
 		st = taskapi.Status_PAUSED
 	}
-	_, pid, _ := p.started()
+	pid, _ := p.started()
 	resp := &taskv3.StateResponse{
 		ID:         c.id,
 		ExecID:     p.execID,
@@ -826,7 +805,7 @@ func (s *Service) Pids(ctx context.Context, req *taskv3.PidsRequest) (*taskv3.Pi
 	if err != nil {
 		return nil, err
 	}
-	pids, err := c.lc.Processes()
+	pids, err := c.pids()
 	if err != nil {
 		return nil, internal("list processes of container %q: %v", c.id, err)
 	}
@@ -843,7 +822,7 @@ func (s *Service) ResizePty(ctx context.Context, req *taskv3.ResizePtyRequest) (
 	if err != nil {
 		return nil, err
 	}
-	_, _, sio := p.started()
+	_, sio := p.started()
 	if sio == nil {
 		return nil, failedPrecondition("process %q of container %q is not started", p.execID, c.id)
 	}
@@ -862,7 +841,7 @@ func (s *Service) CloseIO(ctx context.Context, req *taskv3.CloseIORequest) (*emp
 	if err != nil {
 		return nil, err
 	}
-	if _, _, sio := p.started(); req.GetStdin() && sio != nil {
+	if _, sio := p.started(); req.GetStdin() && sio != nil {
 		sio.closeStdin()
 	}
 	return &emptypb.Empty{}, nil
@@ -878,9 +857,9 @@ func (s *Service) Update(ctx context.Context, req *taskv3.UpdateTaskRequest) (*e
 	if a == nil || a.GetTypeUrl() != resourcesTypeURL {
 		return nil, invalid("resources must be a %s, got %q", resourcesTypeURL, a.GetTypeUrl())
 	}
-	var r specs.LinuxResources
-	if err := json.Unmarshal(a.GetValue(), &r); err != nil {
-		return nil, invalid("decode resources: %v", err)
+	// Decoded by the helper, into OCI types the shim does not keep caches for.
+	if !json.Valid(a.GetValue()) {
+		return nil, invalid("decode resources: not valid JSON")
 	}
 	if err := c.lockLive(); err != nil {
 		return nil, err
@@ -889,19 +868,8 @@ func (s *Service) Update(ctx context.Context, req *taskv3.UpdateTaskRequest) (*e
 	if c.init.exited() {
 		return nil, failedPrecondition("container %q is not running", c.id)
 	}
-	cfg := c.lc.Config()
-	cg := *cfg.Cgroups
-	res := updateResources(cg.Resources, &r)
-	cg.Resources = res
-	cfg.Cgroups = &cg
-	// Device rules are not part of an update (as in `runc update`). libcontainer keeps
-	// this config after Set and refuses to start execs while SkipDevices is set, so it
-	// is cleared again; opMu keeps execs out meanwhile.
-	res.SkipDevices = true
-	err = c.lc.Set(cfg)
-	res.SkipDevices = false
-	if err != nil {
-		return nil, internal("update resources of container %q: %v", c.id, err)
+	if _, err := s.runHelper(context.Background(), helperUpdate, &helperRequest{ID: c.id, Resources: a.GetValue()}, nil); err != nil {
+		return nil, err
 	}
 	return &emptypb.Empty{}, nil
 }
@@ -912,7 +880,7 @@ func (s *Service) Connect(ctx context.Context, req *taskv3.ConnectRequest) (*tas
 	if err != nil {
 		return nil, err
 	}
-	_, pid, _ := c.init.started()
+	pid, _ := c.init.started()
 	return &taskv3.ConnectResponse{ShimPid: uint32(os.Getpid()), TaskPid: uint32(pid), Version: version.Version}, nil
 }
 
@@ -971,7 +939,7 @@ func (s *Service) Attach(ctx context.Context, req *optionsv1.AttachRequest) (*op
 	if st, _, _ := c.init.state(); st != taskapi.Status_RUNNING {
 		return nil, failedPrecondition("container %q is not running", c.id)
 	}
-	_, _, sio := c.init.started()
+	_, sio := c.init.started()
 	if sio == nil {
 		return nil, failedPrecondition("container %q is not running", c.id)
 	}

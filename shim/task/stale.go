@@ -31,19 +31,36 @@ func CleanupDead(root string, log *slog.Logger) error {
 		if !e.IsDir() || !validID(e.Name()) {
 			continue
 		}
-		if err := destroyStale(root, e.Name(), func(lc *libcontainer.Container) error { return lc.Destroy() }, log); err != nil {
+		if err := destroyContainer(root, e.Name(), "", true, true, log); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// destroyStale kills and destroys container id under root that no live shim tracks;
-// destroy removes its libcontainer state and cgroup (the running shim holds off its
-// reaper meanwhile, `delete` has none). A state dir libcontainer cannot load (a shim
-// killed in the middle of a create leaves one without state.json) is removed: nothing
-// was recorded in it, so nothing can run from it.
-func destroyStale(root, id string, destroy func(*libcontainer.Container) error, log *slog.Logger) error {
+// destroyContainer kills and destroys container id under root: every process of its
+// cgroup killed, its cgroup leaves and libcontainer state removed; then rootfsDir, if
+// set, is unmounted and removed, and with rootfsFromState the rootfs its state records is
+// unmounted. stale says no live shim tracks the container (an earlier shim's, logged as
+// such). A state dir libcontainer cannot load (a shim killed in the middle of a create
+// leaves one without state.json) is removed: nothing was recorded in it, so nothing can
+// run from it. Every step tolerates having been done, so it can be repeated.
+func destroyContainer(root, id, rootfsDir string, rootfsFromState, stale bool, log *slog.Logger) error {
+	if err := destroyState(root, id, rootfsFromState, stale, log); err != nil {
+		return err
+	}
+	if rootfsDir != "" {
+		if err := mount.Unmount(rootfsDir); err != nil {
+			return fmt.Errorf("container %s: %w", id, err)
+		}
+		if err := os.Remove(rootfsDir); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("container %s: remove rootfs dir: %w", id, err)
+		}
+	}
+	return nil
+}
+
+func destroyState(root, id string, rootfsFromState, stale bool, log *slog.Logger) error {
 	dir := filepath.Join(root, id)
 	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -56,17 +73,19 @@ func destroyStale(root, id string, destroy func(*libcontainer.Container) error, 
 		}
 		return nil
 	}
-	log.Warn("destroying container left by a dead shim", "container", id)
+	if stale {
+		log.Warn("destroying container left by a dead shim", "container", id)
+	}
 	if err := killStale(lc); err != nil {
 		return err
 	}
 	rootfs := lc.Config().Rootfs
-	if err := destroy(lc); err != nil {
-		return fmt.Errorf("destroy stale container %s: %w", id, err)
+	if err := destroyLibcontainer(lc); err != nil {
+		return err
 	}
-	if rootfs != "" {
+	if rootfsFromState && rootfs != "" {
 		if err := mount.Unmount(rootfs); err != nil {
-			return fmt.Errorf("stale container %s: %w", id, err)
+			return fmt.Errorf("container %s: %w", id, err)
 		}
 	}
 	return nil

@@ -35,8 +35,9 @@ func (s *Service) Stats(ctx context.Context, req *taskv3.StatsRequest) (*taskv3.
 	return &taskv3.StatsResponse{Stats: a}, nil
 }
 
-// cgroup returns the container's cgroup, loading it on first use from libcontainer's
-// config (the cgroupfs path, or the systemd slice and scope).
+// cgroup returns the container's cgroup, loading it on first use from the path the
+// helper that created the container reported (the cgroupfs path, or the systemd slice
+// and scope).
 func (c *container) cgroup() (*cgstats.Cgroup, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -46,15 +47,13 @@ func (c *container) cgroup() (*cgstats.Cgroup, error) {
 	if c.cg != nil {
 		return c.cg, nil
 	}
-	cfg := c.lc.Config().Cgroups
-	if cfg == nil {
-		return nil, errors.New("libcontainer config has no cgroup")
+	switch {
+	case c.cgInfo == nil:
+		return nil, errors.New("the container's cgroup is not known")
+	case c.cgInfo.Stats == "":
+		return nil, errors.New(c.cgInfo.StatsErr)
 	}
-	rel, err := cgstats.RelPath(cfg.Systemd, cfg.Path, cfg.Parent, cfg.ScopePrefix, cfg.Name)
-	if err != nil {
-		return nil, err
-	}
-	cg, err := cgstats.Load(rel)
+	cg, err := cgstats.Load(c.cgInfo.Stats)
 	if err != nil {
 		return nil, err
 	}

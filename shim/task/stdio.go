@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/crisp-runtime/crisp/shim/crilog"
-	"github.com/opencontainers/runc/libcontainer"
 	"golang.org/x/sys/unix"
 )
 
@@ -82,8 +81,15 @@ type output struct {
 	done func() // runs when the copy ends (flushes a log stream)
 }
 
-// openStdio prepares the stdio of lp before it is started. On error nothing stays open.
-func openStdio(cfg ioConfig, lp *libcontainer.Process, log *slog.Logger) (_ *stdio, retErr error) {
+// childStdio are the process's ends of its stdio and its console socket: the shim
+// passes them to the task helper, which gives them to libcontainer (nil: none).
+type childStdio struct {
+	Stdin, Stdout, Stderr, ConsoleSocket *os.File
+}
+
+// openStdio prepares the stdio of a process before it is started and sets lp to the
+// process's ends. On error nothing stays open.
+func openStdio(cfg ioConfig, lp *childStdio, log *slog.Logger) (_ *stdio, retErr error) {
 	s := &stdio{
 		log:         log,
 		consoleSock: -1,
