@@ -146,6 +146,9 @@ type Controller struct {
 	bg     context.Context
 	stopBG context.CancelFunc
 
+	// spares are the warm spare shims (see spare.go).
+	spares *spareSet
+
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
 	// exits carries the ids of sandboxes whose pause process exited (see SandboxExits).
@@ -169,7 +172,7 @@ func New(opts Options, st *store.Store, net *network.Manager, log *slog.Logger) 
 	}
 	bg, stop := context.WithCancel(context.Background())
 	c := &Controller{opts: opts, store: st, net: net, log: log, bg: bg, stopBG: stop, sandboxes: map[string]*sandbox{},
-		exits: make(chan string, sandboxExitBuffer)}
+		exits: make(chan string, sandboxExitBuffer), spares: newSpareSet(opts.Runtimes)}
 	opts.Metrics.WatchShims(c.liveShims)
 	return c, nil
 }
@@ -229,7 +232,7 @@ func (c *Controller) Create(ctx context.Context, spec Spec) (_ *Status, retErr e
 	if ns == "" {
 		ns = "k8s.io"
 	}
-	sb := newSandbox(record{
+	rec := record{
 		ID:          spec.ID,
 		Phase:       phaseCreating,
 		Handler:     spec.Handler,
@@ -242,16 +245,33 @@ func (c *Controller) Create(ctx context.Context, spec Spec) (_ *Status, retErr e
 			PortMappings: spec.PortMappings, Annotations: spec.Annotations, CgroupPath: spec.CgroupParent,
 		},
 		CreatedAt: time.Now(),
-	})
+	}
 	if !spec.HostNetwork {
 		// Known before it exists, so that a crash right after creating it still leaves
 		// a record that leads Recover to it.
-		sb.rec.NetNS = filepath.Join(c.opts.netnsDir(), spec.ID)
-		sb.rec.Pod.NetNS = sb.rec.NetNS
+		rec.NetNS = filepath.Join(c.opts.netnsDir(), spec.ID)
+		rec.Pod.NetNS = rec.NetNS
+	}
+	// The warm spare NewSandboxID gave this id, if any: its shim runs and is
+	// connected already.
+	sp := c.claimSpare(ctx, spec.ID, spec.Handler)
+	var sb *sandbox
+	if sp != nil {
+		defer c.adopted(spec.Handler)
+		sb = sp.sb
+		sb.mu.Lock()
+		rec.Shim, rec.Namespace, rec.Address = sb.rec.Shim, sb.rec.Namespace, sb.rec.Address
+		sb.rec = rec
+		sb.mu.Unlock()
+	} else {
+		sb = newSandbox(rec)
 	}
 	c.mu.Lock()
 	if _, dup := c.sandboxes[spec.ID]; dup {
 		c.mu.Unlock()
+		if sp != nil {
+			c.retireSpare(sb)
+		}
 		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, errdefs.ErrAlreadyExists)
 	}
 	c.sandboxes[spec.ID] = sb
@@ -259,10 +279,23 @@ func (c *Controller) Create(ctx context.Context, spec Spec) (_ *Status, retErr e
 	sb.op.Lock()
 	defer sb.op.Unlock()
 
-	// 1. Record the intent first: a crash from here on is undone by Recover.
-	if err := c.store.Put(bucket, spec.ID, sb.rec); err != nil {
+	// 1. Record the intent first: a crash from here on is undone by Recover. An
+	// adopted spare's record goes in the same transaction: the shim always has
+	// exactly one owner on disk.
+	if sp != nil {
+		err = c.store.Apply(store.Op{Bucket: bucket, Key: spec.ID, Value: sb.rec}, store.Op{Bucket: spareBucket, Key: spec.ID, Delete: true})
+	} else {
+		err = c.store.Put(bucket, spec.ID, sb.rec)
+	}
+	if err != nil {
 		c.forget(spec.ID)
+		if sp != nil {
+			c.retireSpare(sb)
+		}
 		return nil, err
+	}
+	if sp != nil {
+		_ = os.Remove(filepath.Join(sb.rec.Bundle, SpareMarker))
 	}
 	defer func() {
 		if retErr == nil {
@@ -317,7 +350,7 @@ func (c *Controller) Create(ctx context.Context, spec Spec) (_ *Status, retErr e
 	default:
 		go setupNet()
 	}
-	shimErr := c.startShim(ctx, sb, spec)
+	shimErr := c.startShim(ctx, sb, spec, sp != nil)
 	shimTime := time.Since(t1)
 	if usernsNet {
 		if shimErr != nil {
@@ -357,7 +390,7 @@ func (c *Controller) Create(ctx context.Context, spec Spec) (_ *Status, retErr e
 	// 5. Ready: persist, and watch the pause process from now on.
 	sb.mu.Lock()
 	sb.rec.Phase = phaseReady
-	rec := sb.rec
+	rec = sb.rec
 	sb.mu.Unlock()
 	if err := c.store.Put(bucket, spec.ID, rec); err != nil {
 		return nil, err
@@ -366,26 +399,30 @@ func (c *Controller) Create(ctx context.Context, spec Spec) (_ *Status, retErr e
 	return sb.status(), nil
 }
 
-// startShim starts the pod's shim and has it create and start the sandbox.
-func (c *Controller) startShim(ctx context.Context, sb *sandbox, spec Spec) (retErr error) {
+// startShim starts the pod's shim, unless it adopted a warm spare's (running and
+// connected), and has it create and start the sandbox.
+func (c *Controller) startShim(ctx context.Context, sb *sandbox, spec Spec, adopted bool) (retErr error) {
 	sctx, cancel := context.WithTimeout(ctx, c.opts.ShimStartTimeout)
 	defer cancel()
-	call := c.call(&sb.rec)
 	t0 := time.Now()
-	addr, err := call.start(sctx)
-	if err != nil {
-		return fmt.Errorf("start shim for pod %s: %w", spec.ID, err)
+	if !adopted {
+		addr, err := c.call(&sb.rec).start(sctx)
+		if err != nil {
+			return fmt.Errorf("start shim for pod %s: %w", spec.ID, err)
+		}
+		sb.rec.Address = addr
 	}
 	defer func(t1 time.Time) {
-		c.log.Debug("shim started", "pod", spec.ID, "bootstrap", t1.Sub(t0), "create_start", time.Since(t1))
+		c.log.Debug("shim started", "pod", spec.ID, "warm_spare", adopted, "bootstrap", t1.Sub(t0), "create_start", time.Since(t1))
 		if retErr == nil {
 			c.opts.Metrics.ObservePodStartPhase(metrics.PhaseShimStart, t1.Sub(t0))
 			c.opts.Metrics.ObservePodStartPhase(metrics.PhaseSandboxStart, time.Since(t1))
 		}
 	}(time.Now())
-	sb.rec.Address = addr
-	if err := c.connect(sctx, sb); err != nil {
-		return fmt.Errorf("connect to shim of pod %s: %w", spec.ID, err)
+	if !adopted {
+		if err := c.connect(sctx, sb); err != nil {
+			return fmt.Errorf("connect to shim of pod %s: %w", spec.ID, err)
+		}
 	}
 	opts := spec.Sandbox
 	if opts == nil {
@@ -754,9 +791,11 @@ func (c *Controller) forget(id string) {
 	c.mu.Unlock()
 }
 
-// Close drops the connections to every shim; the shims and their pods keep running.
+// Close shuts the warm spare shims down and drops the connections to every other
+// shim; the pods' shims and their pods keep running.
 func (c *Controller) Close() {
 	c.stopBG()
+	c.closeSpares()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, sb := range c.sandboxes {

@@ -27,6 +27,12 @@ const (
 // created is undone by Create or Recover instead.
 func (c *Controller) markShimDeadLocked(sb *sandbox, cause string) {
 	sb.shimDead = true
+	if sb.rec.Phase == phaseSpare {
+		// No pod to reap: the spare's keeper replaces it.
+		c.log.Debug("warm spare shim gone", "pod", sb.rec.ID, "cause", cause)
+		c.spares.wake(sb.rec.Handler)
+		return
+	}
 	if sb.reaping || sb.rec.Phase == phaseCreating {
 		return
 	}

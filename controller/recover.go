@@ -88,8 +88,13 @@ func (c *Controller) Recover(ctx context.Context) ([]string, error) {
 		c.log.Info("reconnected to pod shim", "pod", r.ID, "address", r.Address)
 		c.opts.Metrics.PodRecovered(metrics.RecoveredReconnected)
 	}
+	// Before the sweep of sockets: a spare's shim still answers on its own.
+	if err := c.recoverSpares(ctx); err != nil {
+		return nil, err
+	}
 	c.removeStraySockets()
 	c.awaitReapers(ctx)
+	c.startSpareKeepers()
 	return ids, nil
 }
 

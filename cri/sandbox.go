@@ -54,7 +54,7 @@ func (s *Service) RunPodSandbox(ctx context.Context, req *runtime.RunPodSandboxR
 	if !s.ctrl.HasHandler(handler) {
 		return nil, invalid("runtime handler %q is not configured (configured: %s)", handler, strings.Join(s.cfg.HandlerNames(), ", "))
 	}
-	id := newID()
+	id := s.ctrl.NewSandboxID(handler)
 	md := cfg.GetMetadata()
 	log := s.log.With("pod", id, "name", md.GetName(), "namespace", md.GetNamespace())
 

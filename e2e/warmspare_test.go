@@ -1,0 +1,323 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// warmSpare is a warm spare shim of an env: a bundle the controller marked as a spare
+// (controller.SpareMarker, holding the handler's name) whose shim runs.
+type warmSpare struct {
+	id, handler, bundle, socket string
+}
+
+// warmSpareMarker is controller.SpareMarker; e2e talks to criserver only over the CRI.
+const warmSpareMarker = "spare"
+
+// warmSpares lists the env's warm spares whose shim (or its `shim start`) runs. A
+// marked bundle without a running shim is not one: it counts as a leftover like any
+// other bundle. The controller marks the bundle a moment before it runs `shim start`:
+// such a bundle is given up to a second to show its shim.
+func (e *env) warmSpares() []warmSpare {
+	deadline := time.Now().Add(time.Second)
+	for {
+		out, starting := e.warmSparesNow()
+		if !starting || time.Now().After(deadline) {
+			return out
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// warmSparesNow is warmSpares without the wait; starting reports a marked bundle
+// without a shim.
+func (e *env) warmSparesNow() (out []warmSpare, starting bool) {
+	bundles, _ := filepath.Glob(filepath.Join(e.state, "sandboxes", "*", warmSpareMarker))
+	procs := e.shimProcesses()
+	for _, marker := range bundles {
+		bundle := filepath.Dir(marker)
+		id := filepath.Base(bundle)
+		running := false
+		for _, p := range procs {
+			if strings.Contains(p, " -id "+id+" ") {
+				running = true
+			}
+		}
+		if !running {
+			starting = true
+			continue
+		}
+		handler, _ := os.ReadFile(marker)
+		addr, _ := os.ReadFile(filepath.Join(bundle, "shim.address"))
+		out = append(out, warmSpare{id: id, handler: strings.TrimSpace(string(handler)), bundle: bundle,
+			socket: strings.TrimPrefix(strings.TrimSpace(string(addr)), "unix://")})
+	}
+	return out, starting
+}
+
+// withoutSpares drops from items (process lines, paths) those of the spares: a spare
+// is expected, and bounded by spareExcess instead.
+func withoutSpares(items []string, spares []warmSpare) []string {
+	out := items[:0:0]
+	for _, it := range items {
+		ofSpare := false
+		for _, s := range spares {
+			if strings.Contains(it, s.id) || (s.socket != "" && strings.HasSuffix(it, filepath.Base(s.socket))) {
+				ofSpare = true
+			}
+		}
+		if !ofSpare {
+			out = append(out, it)
+		}
+	}
+	return out
+}
+
+// spareExcess lists the spares beyond one per handler: the bound the controller keeps
+// once no RunPodSandbox is in flight.
+func spareExcess(spares []warmSpare) []string {
+	byHandler := map[string][]string{}
+	for _, s := range spares {
+		byHandler[s.handler] = append(byHandler[s.handler], s.id)
+	}
+	var out []string
+	for h, ids := range byHandler {
+		if len(ids) > 1 {
+			sort.Strings(ids)
+			for _, id := range ids[1:] {
+				out = append(out, h+":"+id)
+			}
+		}
+	}
+	return out
+}
+
+// spareShimPid is the pid of a spare's serving shim; 0 while it is starting.
+func spareShimPid(s warmSpare) int {
+	data, err := os.ReadFile(filepath.Join(s.bundle, "shim.pid"))
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(data)))
+	return pid
+}
+
+func (s warmSpare) String() string { return fmt.Sprintf("%s(%s)", s.id, s.handler) }
+
+// waitSpare waits until the env has exactly one warm spare whose shim serves (its pid
+// known) and that is not one of old; it fails the test after within.
+func (e *env) waitSpare(t *testing.T, within time.Duration, old ...string) warmSpare {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		spares := e.warmSpares()
+		if len(spares) == 1 && spareShimPid(spares[0]) > 0 && !slices.Contains(old, spares[0].id) {
+			return spares[0]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no new warm spare within %v (have %v, old %v); log:\n%s", within, spares, old, e.log())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// assertSpareGone checks that nothing of a spare that was shut down or killed is left.
+func (e *env) assertSpareGone(t *testing.T, s warmSpare, pid int, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		var left []string
+		if alive(pid) {
+			left = append(left, fmt.Sprintf("process %d", pid))
+		}
+		if _, err := os.Stat(s.bundle); err == nil {
+			left = append(left, "bundle "+s.bundle)
+		}
+		if _, err := os.Stat(s.socket); s.socket != "" && err == nil {
+			left = append(left, "socket "+s.socket)
+		}
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("warm spare %s: left after %v: %v", s.id, within, left)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestE2EWarmSpare: a pod start adopts the handler's warm spare shim (same process, same
+// id), a new spare replaces it, a killed spare is replaced and never adopted dead, ten
+// concurrent RunPodSandbox share one spare, a SIGTERM'd criserver leaves no spare, and
+// a kill -9'd one (also while a spare starts) is followed by exactly one spare and no
+// orphans.
+func TestE2EWarmSpare(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	ctx := ctxT(t)
+	const within = 15 * time.Second
+
+	// 1. Adoption: the pod's shim is the spare that was there before.
+	sp := e.waitSpare(t, within)
+	pid := spareShimPid(sp)
+	if sp.handler != "runc" {
+		t.Errorf("spare handler %q, want runc", sp.handler)
+	}
+	if list, err := e.rt.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{}); err != nil || len(list.Items) != 0 {
+		t.Errorf("ListPodSandbox with only a spare: %v, %v", list.GetItems(), err)
+	}
+	podID := e.runPod(ctx, e.podConfig("adopter"))
+	st, info := e.status(ctx, podID)
+	if podID != sp.id || info.ShimPid != pid {
+		t.Errorf("pod %s with shim %d did not adopt spare %s with shim %d", podID, info.ShimPid, sp.id, pid)
+	}
+	if st.State != cri.PodSandboxState_SANDBOX_READY || st.Network.GetIp() == "" {
+		t.Errorf("adopting pod is %v with IP %q", st.State, st.Network.GetIp())
+	}
+	if _, err := os.Stat(filepath.Join(sp.bundle, warmSpareMarker)); !os.IsNotExist(err) {
+		t.Errorf("adopted shim's bundle still marked as a spare (err %v)", err)
+	}
+	// The adopted shim runs containers like any other.
+	img := e.busybox(ctx)
+	pod := e.podConfig("adopter")
+	ctr := e.runCtr(ctx, podID, pod, ctrConfig("c", img, "sleep", "1000"))
+	if resp, err := e.execSync(ctx, ctr, 10, "echo", "hi"); err != nil || string(resp.Stdout) != "hi\n" {
+		t.Errorf("exec in a container of the adopted shim: %v %v", resp, err)
+	}
+
+	// 2. A new spare replaces it.
+	sp2 := e.waitSpare(t, within, sp.id)
+
+	// 3. kill -9 of the spare: noticed, cleaned up and replaced; the next pod gets the
+	// replacement, never the dead one.
+	pid2 := spareShimPid(sp2)
+	if err := syscall.Kill(pid2, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	sp3 := e.waitSpare(t, within, sp.id, sp2.id)
+	e.assertSpareGone(t, sp2, pid2, within)
+	pod2 := e.runPod(ctx, e.podConfig("second"))
+	if _, info2 := e.status(ctx, pod2); pod2 != sp3.id || info2.ShimPid != spareShimPid(sp3) {
+		t.Errorf("pod %s (shim %d) did not adopt the replacement spare %s (shim %d)", pod2, info2.ShimPid, sp3.id, spareShimPid(sp3))
+	}
+	e.stopRemove(ctx, t, pod2)
+	sp4 := e.waitSpare(t, within, sp.id, sp2.id, sp3.id)
+
+	// 4. Ten at once: one adopts, nine start their own shims, all run.
+	var wg sync.WaitGroup
+	ids := make([]string, 10)
+	for i := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := e.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: e.podConfig(fmt.Sprintf("burst%d", i))})
+			if err != nil {
+				t.Errorf("RunPodSandbox %d: %v", i, err)
+				return
+			}
+			ids[i] = resp.PodSandboxId
+		}()
+	}
+	wg.Wait()
+	adopted := 0
+	for _, id := range ids {
+		if id == sp4.id {
+			adopted++
+		}
+	}
+	if adopted != 1 {
+		t.Errorf("%d of 10 concurrent pods have the spare's id %s, want 1: %v", adopted, sp4.id, ids)
+	}
+	for _, id := range ids {
+		if id != "" {
+			e.stopRemove(ctx, t, id)
+		}
+	}
+	e.waitSpare(t, within, sp4.id)
+	podProcs := withoutSpares(e.shimProcesses(), e.warmSpares())
+
+	// 5. kill -9 of criserver, also while a spare is starting: after the restart
+	// exactly one spare, the pod still running, no orphans.
+	for i, delay := range []time.Duration{0, 5 * time.Millisecond, 20 * time.Millisecond, 500 * time.Millisecond} {
+		old := e.warmSpares()
+		e.kill9()
+		e.start()
+		time.Sleep(delay)
+		if i < 3 {
+			// Again while the first spare of this run may be starting.
+			old = append(old, e.warmSpares()...)
+			e.kill9()
+			e.start()
+		}
+		var oldIDs []string
+		for _, o := range old {
+			oldIDs = append(oldIDs, o.id)
+		}
+		cur := e.waitSpare(t, within, oldIDs...)
+		for _, o := range old {
+			if o.id != cur.id {
+				e.assertSpareGone(t, o, 0, within)
+			}
+		}
+		st, _ := e.status(ctx, podID)
+		if st.State != cri.PodSandboxState_SANDBOX_READY {
+			t.Errorf("delay %v: pod %s is %v after the restart", delay, podID, st.State)
+		}
+		if procs := withoutSpares(e.shimProcesses(), []warmSpare{cur}); !slices.Equal(procs, podProcs) {
+			t.Errorf("delay %v: processes other than the spare: %v, want the pod's: %v", delay, procs, podProcs)
+		}
+	}
+
+	// 6. SIGTERM: the spare goes with criserver; the pod stays.
+	last := e.waitSpare(t, within)
+	lastPid := spareShimPid(last)
+	e.stop()
+	e.assertSpareGone(t, last, lastPid, 0)
+	if !alive(info.ShimPid) {
+		t.Errorf("pod shim %d gone after SIGTERM", info.ShimPid)
+	}
+	e.start()
+	e.waitSpare(t, within, last.id)
+	e.stopRemove(ctx, t, podID)
+	e.assertPodGone(t, podID, info)
+	e.assertNodeClean(t)
+}
+
+// TestE2EWarmSpareOff: warm_spare = false starts no spare, and pods still start.
+func TestE2EWarmSpareOff(t *testing.T) {
+	e := newEnv(t)
+	f, err := os.OpenFile(e.cfgPath, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The config's last table is [runtimes.runc].
+	if _, err := f.WriteString("warm_spare = false\n"); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	e.start()
+	ctx := ctxT(t)
+	id := e.runPod(ctx, e.podConfig("cold"))
+	time.Sleep(time.Second)
+	if spares := e.warmSpares(); len(spares) != 0 {
+		t.Errorf("warm spares with warm_spare = false: %v", spares)
+	}
+	_, info := e.status(ctx, id)
+	e.stopRemove(ctx, t, id)
+	e.assertPodGone(t, id, info)
+	e.assertNodeClean(t)
+	if procs := e.shimProcesses(); len(procs) != 0 {
+		t.Errorf("shims with no pod and warm_spare = false: %v", procs)
+	}
+}
