@@ -75,6 +75,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		DefaultSubnet: cfg.CNI.DefaultSubnet,
 		IPAMDataDir:   filepath.Join(cfg.RootDir, "cni", "networks"),
 		Timeout:       time.Duration(cfg.CNI.TimeoutSeconds) * time.Second,
+		Masquerade:    network.Masquerade(cfg.CNI.Masquerade),
 	}, log.With("component", "network"))
 	if err != nil {
 		return fmt.Errorf("set up pod network: %w", err)

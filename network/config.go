@@ -54,6 +54,13 @@ type Config struct {
 	// RetryInterval is the first wait before a pending DEL is retried; it doubles up to
 	// maxRetryInterval. Default defaultRetryInterval.
 	RetryInterval time.Duration
+	// Masquerade says who masquerades pod traffic of bridge networks with ipMasq:
+	// MasqueradeRuntime (the default) or MasqueradePlugin.
+	Masquerade Masquerade
+	// MasqueradeChain is the nat chain crisp keeps its masquerade rules in, default
+	// DefaultMasqueradeChain. It holds exactly the rules of one crisp: two instances on
+	// one host (tests) need a chain each.
+	MasqueradeChain string
 }
 
 func (c Config) withDefaults() Config {
@@ -87,12 +94,21 @@ func (c Config) withDefaults() Config {
 	if c.RetryInterval <= 0 {
 		c.RetryInterval = defaultRetryInterval
 	}
+	if c.Masquerade == "" {
+		c.Masquerade = MasqueradeRuntime
+	}
+	if c.MasqueradeChain == "" {
+		c.MasqueradeChain = DefaultMasqueradeChain
+	}
 	return c
 }
 
 // defaultConfList is the bridge network a fresh node gets. It is CNI 1.0.0, the newest
 // version Debian's plugins 1.1.1 speak. There is no loopback plugin: package netns
-// brings lo up when it creates the namespace, which saves one exec per pod.
+// brings lo up when it creates the namespace, which saves one exec per pod. ipMasq is
+// true so that the file is right on its own (for another runtime, or with
+// cni.masquerade = "plugin"); crisp turns it off in memory and masquerades the subnet
+// itself (masq.go).
 func defaultConfList(c Config) ([]byte, error) {
 	if len(c.DefaultBridge) > 15 || strings.ContainsAny(c.DefaultBridge, "/ ") {
 		return nil, fmt.Errorf("default bridge name %q: must be at most 15 characters without '/' or spaces", c.DefaultBridge)
@@ -244,6 +260,8 @@ type confState struct {
 	list *libcni.NetworkConfigList // nil when no file was usable
 	file string
 	err  error // why list is nil
+	// plan is list as ADD uses it, with the runtime masquerade applied (masq.go).
+	plan masqPlan
 	// What the choice depended on: the dir's mtime (files added, removed, renamed)
 	// and every file up to and including the chosen one (edits in place, and a
 	// skipped broken file that gets fixed).

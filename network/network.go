@@ -77,6 +77,9 @@ type Manager struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	// masq is the runtime masquerade's rules (iptables.go).
+	masq masqState
+
 	// metrics records CNI ADD and DEL latency; atomic because the background retrier
 	// may already run when SetMetrics is called. Nil records nothing.
 	metrics atomic.Pointer[metrics.Metrics]
@@ -92,6 +95,9 @@ func New(cfg Config, log *slog.Logger) (*Manager, error) {
 		log = slog.Default()
 	}
 	cfg = cfg.withDefaults()
+	if cfg.Masquerade != MasqueradeRuntime && cfg.Masquerade != MasqueradePlugin {
+		return nil, fmt.Errorf("masquerade %q: must be %q or %q", cfg.Masquerade, MasqueradeRuntime, MasqueradePlugin)
+	}
 	// The pod CIDR kubelet gave before a restart stays in force until it gives another.
 	podCIDR, err := readPodCIDR(cfg.PodCIDRFile)
 	if err != nil {
@@ -111,12 +117,18 @@ func New(cfg Config, log *slog.Logger) (*Manager, error) {
 		cni:      libcni.NewCNIConfigWithCacheDir(cfg.BinDirs, cfg.CacheDir, exec),
 		uncached: libcni.NewCNIConfigWithCacheDir(cfg.BinDirs, filepath.Join(cfg.CacheDir, "none"), exec),
 		failures: map[string]int{},
+		masq:     masqState{inflight: map[string]int{}},
 		ctx:      ctx,
 		cancel:   cancel,
 	}
 	if err := m.init(configured); err != nil {
 		cancel()
 		return nil, err
+	}
+	// The rules go in now, for running pods and the next ones; should that fail, the
+	// next pod's Setup tries again and fails with the reason.
+	if err := m.syncMasq(ctx, m.masqSubnets()); err != nil {
+		log.Error("install pod subnet masquerade rules", "err", err)
 	}
 	if err := os.MkdirAll(cfg.PendingDir, 0o700); err != nil {
 		cancel()
@@ -149,10 +161,30 @@ func (m *Manager) reloadLocked() {
 	old := m.state
 	st := scan(m.cfg.ConfDir)
 	m.state = st
+	st.plan = masqPlan{list: st.list}
+	var planErr error
+	if st.list != nil && m.cfg.Masquerade == MasqueradeRuntime {
+		if plan, err := planMasquerade(st.list); err != nil {
+			planErr = err
+		} else {
+			st.plan = plan
+		}
+	}
 	switch {
 	case st.list != nil && (old == nil || old.list == nil || old.file != st.file || string(old.list.Bytes) != string(st.list.Bytes)):
 		m.log.Info("loaded CNI network config", "file", st.file, "network", st.list.Name,
 			"cni_version", st.list.CNIVersion, "plugins", pluginTypes(st.list))
+		// Said once per config: why crisp does or does not masquerade for the plugin.
+		if len(st.plan.subnets) > 0 {
+			m.log.Info("crisp masquerades the bridge network's pod subnets itself (cni.masquerade = \"runtime\"); its ipMasq is off in memory, the file is unchanged",
+				"subnets", joinCIDRs(st.plan.subnets), "chain", m.cfg.MasqueradeChain)
+		}
+		for _, why := range st.plan.kept {
+			m.log.Info("bridge plugin keeps doing ipMasq per pod", "network", st.list.Name, "reason", why)
+		}
+		if planErr != nil {
+			m.log.Warn("bridge plugin keeps doing ipMasq per pod", "network", st.list.Name, "err", planErr)
+		}
 	case st.list == nil && (old == nil || old.list != nil || old.err.Error() != st.err.Error()):
 		m.log.Warn("no usable CNI network config", "err", st.err)
 	}
@@ -160,13 +192,29 @@ func (m *Manager) reloadLocked() {
 
 // current returns the config to use for a new attachment.
 func (m *Manager) current() (*libcni.NetworkConfigList, string, error) {
+	plan, file, err := m.currentPlan()
+	return plan.list, file, err
+}
+
+// currentPlan returns the config to use for a new attachment (with ipMasq off where
+// crisp masquerades) and the subnets crisp masquerades for it.
+func (m *Manager) currentPlan() (masqPlan, string, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.reloadLocked()
 	if m.state.list == nil {
-		return nil, "", fmt.Errorf("%w: %w", ErrNotReady, m.state.err)
+		return masqPlan{}, "", fmt.Errorf("%w: %w", ErrNotReady, m.state.err)
 	}
-	return m.state.list, m.state.file, nil
+	return m.state.plan, m.state.file, nil
+}
+
+// masqSubnets returns the subnets crisp masquerades for the current config, if any.
+func (m *Manager) masqSubnets() []*net.IPNet {
+	plan, _, err := m.currentPlan()
+	if err != nil {
+		return nil
+	}
+	return plan.subnets
 }
 
 // NetworkName is the name of the network pods are attached to, or "" if none is configured.
@@ -207,10 +255,21 @@ func (m *Manager) Setup(ctx context.Context, p Pod) (*Result, error) {
 	if p.ID == "" || p.NetNS == "" {
 		return nil, fmt.Errorf("set up network for pod %q: pod ID and netns path are required", p.ID)
 	}
-	list, _, err := m.current()
+	plan, _, err := m.currentPlan()
 	if err != nil {
 		return nil, fmt.Errorf("set up network for pod %s (%s/%s): %w", p.ID, p.Namespace, p.Name, err)
 	}
+	list := plan.list
+	// The plugin would have made the pod's NAT during ADD: the rule must be there first.
+	release, err := m.ensureMasq(ctx, plan.subnets)
+	if err != nil {
+		err = fmt.Errorf("set up network %q for pod %s (%s/%s): %w", list.Name, p.ID, p.Namespace, p.Name, err)
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		return nil, unavailableError{err}
+	}
+	defer release()
 	rt := runtimeConf(p)
 	start := time.Now()
 	actx, cancel := withTimeout(ctx, m.cfg.Timeout)

@@ -39,9 +39,17 @@ type env struct {
 	bridge   string
 	subnet   *net.IPNet
 	m        *Manager
+	// masq and chain are the runtime masquerade setting and the test's own nat chain.
+	masq  Masquerade
+	chain string
 }
 
 type envOpt func(*env)
+
+// withMasquerade sets who masquerades (default: the Manager's default, runtime).
+func withMasquerade(mode Masquerade) envOpt {
+	return func(e *env) { e.masq = mode }
+}
 
 // withConf writes the conflist returned by f (given the env's bridge, subnet and
 // IPAM dir) instead of letting New write the default.
@@ -68,6 +76,7 @@ func newEnv(t *testing.T, opts ...envOpt) *env {
 		bridge:   "crt" + randHex(t, 2),
 		subnet:   freeSubnet(t),
 	}
+	e.chain = "CRT-MASQ-" + strings.ToUpper(randHex(t, 3))
 	t.Cleanup(e.cleanup)
 	for _, o := range opts {
 		o(e)
@@ -75,12 +84,27 @@ func newEnv(t *testing.T, opts ...envOpt) *env {
 	m, err := New(Config{
 		ConfDir: e.confDir, CacheDir: e.cacheDir, IPAMDataDir: e.ipamDir,
 		DefaultBridge: e.bridge, DefaultSubnet: e.subnet.String(),
+		Masquerade: e.masq, MasqueradeChain: e.chain,
 	}, testLogger(t))
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
 	e.m = m
 	return e
+}
+
+// newManager is a second Manager on the env's dirs and chain, as after a restart.
+func (e *env) newManager(mode Masquerade) *Manager {
+	e.t.Helper()
+	m, err := New(Config{
+		ConfDir: e.confDir, CacheDir: e.cacheDir, IPAMDataDir: e.ipamDir,
+		DefaultBridge: e.bridge, DefaultSubnet: e.subnet.String(),
+		Masquerade: mode, MasqueradeChain: e.chain,
+	}, testLogger(e.t))
+	if err != nil {
+		e.t.Fatalf("New: %v", err)
+	}
+	return m
 }
 
 func (e *env) cleanup() {
@@ -91,6 +115,17 @@ func (e *env) cleanup() {
 	}
 	// netns.New made the pin dir a bind mount of itself.
 	for unix.Unmount(e.nsDir, unix.MNT_DETACH) == nil {
+	}
+	// The runtime masquerade's chain outlives a Manager on purpose; the test's goes.
+	for _, f := range masqFamilies(e.chain) {
+		if f.chainExists() {
+			if err := f.remove(context.Background()); err != nil {
+				e.t.Errorf("remove chain %s: %v", e.chain, err)
+			}
+		}
+	}
+	if e.m != nil {
+		e.m.Close()
 	}
 }
 
@@ -233,9 +268,10 @@ func TestSetupTeardown(t *testing.T) {
 
 // TestTeardownWithoutNetNS: the namespace is removed before Teardown. The IP must
 // still be released, and the bridge's masquerade rules removed too (the plugin alone
-// would leave them; see standin.go).
+// would leave them; see standin.go). The plugin masquerades here: with the runtime
+// masquerade it has no per-pod rules to leave.
 func TestTeardownWithoutNetNS(t *testing.T) {
-	e := newEnv(t)
+	e := newEnv(t, withMasquerade(MasqueradePlugin))
 	p := e.pod("gone")
 	r := e.setup(p)
 	if len(natRules(t, p.ID)) == 0 {

@@ -78,6 +78,18 @@ type PodCIDRResult struct {
 // it; running pods keep theirs (they are torn down with the config they were set up
 // with). An operator's config is never touched.
 func (m *Manager) SetPodCIDR(cidr string) (PodCIDRResult, error) {
+	res, err := m.setPodCIDR(cidr)
+	if err == nil {
+		// The new subnet's rule goes in now and the old one's goes once no pod uses it.
+		// A failure is retried by the next pod's Setup, which fails with it.
+		if err := m.syncMasq(m.ctx, m.masqSubnets()); err != nil {
+			m.log.Error("update pod subnet masquerade rules for new pod CIDR", "pod_cidr", res.PodCIDR, "err", err)
+		}
+	}
+	return res, err
+}
+
+func (m *Manager) setPodCIDR(cidr string) (PodCIDRResult, error) {
 	nets, err := ParsePodCIDRs(cidr)
 	if err != nil {
 		return PodCIDRResult{}, err
