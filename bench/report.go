@@ -91,8 +91,10 @@ var Metrics = []Metric{
 
 	// -soak.
 	{Key: "soak_shim_pss_first", Name: "soak: shim PSS after 1st exec", Unit: "MiB"},
+	{Key: "soak_shim_pss_warm", Name: "soak: shim PSS after 100th exec", Unit: "MiB"},
 	{Key: "soak_shim_pss_last", Name: "soak: shim PSS after last exec", Unit: "MiB"},
-	{Key: "soak_shim_growth", Name: "soak: shim PSS growth", Unit: "%", Limit: 5},
+	{Key: "soak_shim_growth", Name: "soak: shim PSS growth, 1st to last", Unit: "%", Limit: 5},
+	{Key: "soak_shim_growth_warm", Name: "soak: shim PSS growth, 100th to last", Unit: "%"},
 	{Key: "soak_daemon_rss_first", Name: "soak: daemon RSS after first cycles", Unit: "MiB"},
 	{Key: "soak_daemon_rss_last", Name: "soak: daemon RSS after all cycles", Unit: "MiB"},
 	{Key: "soak_daemon_growth", Name: "soak: daemon RSS growth", Unit: "%", Limit: 5},
@@ -187,7 +189,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 			rat = "-"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t\n", m.Name, m.Unit,
-			num(r.Runtimes["containerd"], m.Key), num(r.Runtimes["crisp"], m.Key), rat, target)
+			num(r.Runtimes["containerd"], m.Key, m.Unit), num(r.Runtimes["crisp"], m.Key, m.Unit), rat, target)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -198,12 +200,14 @@ func (r *Report) WriteTable(w io.Writer) error {
 	return nil
 }
 
-func num(r Results, key string) string {
+func num(r Results, key, unit string) string {
 	v, ok := r[key]
 	if !ok {
 		return "-"
 	}
 	switch {
+	case unit == "count":
+		return fmt.Sprintf("%.0f", v)
 	case v >= 100 || v <= -100:
 		return fmt.Sprintf("%.0f", v)
 	case v >= 10 || v <= -10:

@@ -92,6 +92,10 @@ func runDensity(ctx context.Context, t *testing.T, w *Workload, res Results, n i
 	return nil
 }
 
+// soakWarm is the exec after which the soak reads the shim's memory a second time,
+// past its warm-up.
+const soakWarm = 100
+
 // runSoak looks for memory that work leaves behind: in the shim after many execs, in
 // the daemon after many pod cycles. It leaves no pods.
 func runSoak(ctx context.Context, t *testing.T, w *Workload, res Results) error {
@@ -101,12 +105,16 @@ func runSoak(ctx context.Context, t *testing.T, w *Workload, res Results) error 
 	if err != nil {
 		return err
 	}
-	first, last, err := w.ExecSoak(ctx, pod, ctr, *soakExecs)
+	first, warmed, last, err := w.ExecSoak(ctx, pod, ctr, *soakExecs, soakWarm)
 	if err != nil {
 		return err
 	}
 	res["soak_shim_pss_first"], res["soak_shim_pss_last"] = first.PSS/1024, last.PSS/1024
 	res["soak_shim_growth"] = Growth(first.PSS, last.PSS)
+	if warmed.PSS > 0 {
+		res["soak_shim_pss_warm"] = warmed.PSS / 1024
+		res["soak_shim_growth_warm"] = Growth(warmed.PSS, last.PSS)
+	}
 	if _, err := d.RT.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: pod}); err != nil {
 		return err
 	}
