@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"net"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/vishvananda/netlink"
@@ -359,4 +361,36 @@ func (e *env) bridgePortsIfAny() int {
 		return 0
 	}
 	return e.bridgePorts()
+}
+
+// BenchmarkPodNetwork times one pod's Setup and Teardown (CNI ADD and DEL of the
+// default network: bridge with ipMasq, host-local, portmap) with each masquerade.
+func BenchmarkPodNetwork(b *testing.B) {
+	for _, mode := range []Masquerade{MasqueradePlugin, MasqueradeRuntime} {
+		b.Run(string(mode), func(b *testing.B) {
+			e := newEnv(b, withMasquerade(mode))
+			var add, del time.Duration
+			for i := 0; b.Loop(); i++ {
+				path, err := netns.New(e.nsDir, fmt.Sprintf("bench-%s-%d", randHex(b, 3), i))
+				if err != nil {
+					b.Fatal(err)
+				}
+				p := Pod{ID: filepath.Base(path), NetNS: path, Name: "bench", Namespace: "crisp-test"}
+				start := time.Now()
+				if _, err := e.m.Setup(context.Background(), p); err != nil {
+					b.Fatal(err)
+				}
+				mid := time.Now()
+				if err := e.m.Teardown(context.Background(), p); err != nil {
+					b.Fatal(err)
+				}
+				add, del = add+mid.Sub(start), del+time.Since(mid)
+				if err := netns.Remove(path); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(ms(add)/float64(b.N), "setup-ms/op")
+			b.ReportMetric(ms(del)/float64(b.N), "teardown-ms/op")
+		})
+	}
 }

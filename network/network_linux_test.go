@@ -30,7 +30,7 @@ import (
 // env is one test's private CNI world: config, cache and IPAM dirs, a bridge and a
 // subnet nobody else uses, and the pods made in it. Everything goes at cleanup.
 type env struct {
-	t        *testing.T
+	t        testing.TB
 	dir      string
 	confDir  string
 	cacheDir string
@@ -57,7 +57,7 @@ func withConf(f func(e *env) string) envOpt {
 	return func(e *env) { writeFiles(e.t, e.confDir, map[string]string{"10-test.conflist": f(e)}) }
 }
 
-func newEnv(t *testing.T, opts ...envOpt) *env {
+func newEnv(t testing.TB, opts ...envOpt) *env {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces, bridges and iptables rules")
@@ -587,7 +587,7 @@ func hostAddr(t *testing.T) net.IP {
 }
 
 // freeSubnet picks a 10.222.n.0/24 that no route on the host overlaps.
-func freeSubnet(t *testing.T) *net.IPNet {
+func freeSubnet(t testing.TB) *net.IPNet {
 	t.Helper()
 	routes, err := netlink.RouteList(nil, netlink.FAMILY_V4)
 	if err != nil {
@@ -616,7 +616,7 @@ func nthIP(n *net.IPNet, i byte) net.IP {
 	return ip
 }
 
-func randHex(t *testing.T, n int) string {
+func randHex(t testing.TB, n int) string {
 	t.Helper()
 	b := make([]byte, n)
 	if _, err := rand.Read(b); err != nil {
@@ -627,7 +627,7 @@ func randHex(t *testing.T, n int) string {
 
 // natRules are the nat-table rules the plugins tagged with the pod's ID, plus the
 // rules of the per-pod chains they jump to.
-func natRules(t *testing.T, id string) []string {
+func natRules(t testing.TB, id string) []string {
 	t.Helper()
 	all := iptablesSave(t)
 	tag := fmt.Sprintf(`id: \"%s\"`, id)
@@ -650,7 +650,7 @@ func natRules(t *testing.T, id string) []string {
 }
 
 // chainRules lists a nat chain's rules, nil if the chain does not exist.
-func chainRules(t *testing.T, chain string) []string {
+func chainRules(t testing.TB, chain string) []string {
 	t.Helper()
 	out, err := exec.Command("iptables", "-t", "nat", "-S", chain).Output()
 	if err != nil {
@@ -668,7 +668,7 @@ func jumpTarget(rule string) string {
 	return ""
 }
 
-func iptablesSave(t *testing.T) []string {
+func iptablesSave(t testing.TB) []string {
 	t.Helper()
 	out, err := exec.Command("iptables-save", "-t", "nat").Output()
 	if err != nil {
@@ -680,7 +680,7 @@ func iptablesSave(t *testing.T) []string {
 // removeNATLeftovers deletes whatever per-pod nat rules and chains a failed test
 // left. The shared CNI-HOSTPORT-* chains stay: other users of portmap on this host
 // (other tests, a real runtime) depend on them.
-func removeNATLeftovers(t *testing.T, id string) {
+func removeNATLeftovers(t testing.TB, id string) {
 	rules := natRules(t, id)
 	chains := map[string]bool{}
 	for _, r := range rules {
