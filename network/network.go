@@ -260,6 +260,9 @@ func (m *Manager) Setup(ctx context.Context, p Pod) (*Result, error) {
 		return nil, fmt.Errorf("set up network for pod %s (%s/%s): %w", p.ID, p.Namespace, p.Name, err)
 	}
 	list := plan.list
+	// The check of the masquerade rules (now and then an iptables call) counts as part
+	// of the ADD: it is what the plugin's ipMasq cost before.
+	start := time.Now()
 	// The plugin would have made the pod's NAT during ADD: the rule must be there first.
 	release, err := m.ensureMasq(ctx, plan.subnets)
 	if err != nil {
@@ -271,7 +274,6 @@ func (m *Manager) Setup(ctx context.Context, p Pod) (*Result, error) {
 	}
 	defer release()
 	rt := runtimeConf(p)
-	start := time.Now()
 	actx, cancel := withTimeout(ctx, m.cfg.Timeout)
 	raw, err := m.cni.AddNetworkList(actx, list, rt)
 	cancel()
