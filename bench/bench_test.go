@@ -56,6 +56,20 @@ func TestBench(t *testing.T) {
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
 
+	// One run at a time on a machine: runs share benchRoot, the bridges, the subnets
+	// and the cgroup parents, and each removes what it finds there.
+	lock, err := os.OpenFile(benchRoot+".lock", os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		t.Logf("another benchmark runs (it holds %s); waiting for it", lock.Name())
+		if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+			t.Fatal(err)
+		}
+	}
+
 	if err := os.RemoveAll(benchRoot); err != nil {
 		t.Fatal(err)
 	}

@@ -95,6 +95,9 @@ var Metrics = []Metric{
 	{Key: "soak_shim_pss_last", Name: "soak: shim PSS after last exec", Unit: "MiB"},
 	{Key: "soak_shim_growth", Name: "soak: shim PSS growth, 1st to last", Unit: "%", Limit: 5},
 	{Key: "soak_shim_growth_warm", Name: "soak: shim PSS growth, 100th to last", Unit: "%"},
+	// PSS moves with whatever else maps the shim's binary; USS is the shim's alone.
+	{Key: "soak_shim_uss_growth", Name: "soak: shim USS growth, 1st to last", Unit: "%"},
+	{Key: "soak_shim_uss_growth_warm", Name: "soak: shim USS growth, 100th to last", Unit: "%"},
 	{Key: "soak_daemon_rss_first", Name: "soak: daemon RSS after first cycles", Unit: "MiB"},
 	{Key: "soak_daemon_rss_last", Name: "soak: daemon RSS after all cycles", Unit: "MiB"},
 	{Key: "soak_daemon_growth", Name: "soak: daemon RSS growth", Unit: "%", Limit: 5},

@@ -111,9 +111,11 @@ func runSoak(ctx context.Context, t *testing.T, w *Workload, res Results) error 
 	}
 	res["soak_shim_pss_first"], res["soak_shim_pss_last"] = first.PSS/1024, last.PSS/1024
 	res["soak_shim_growth"] = Growth(first.PSS, last.PSS)
+	res["soak_shim_uss_growth"] = Growth(first.USS, last.USS)
 	if warmed.PSS > 0 {
 		res["soak_shim_pss_warm"] = warmed.PSS / 1024
 		res["soak_shim_growth_warm"] = Growth(warmed.PSS, last.PSS)
+		res["soak_shim_uss_growth_warm"] = Growth(warmed.USS, last.USS)
 	}
 	if _, err := d.RT.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: pod}); err != nil {
 		return err
