@@ -3,10 +3,13 @@ package network
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -19,9 +22,9 @@ import (
 // iptables and, for IPv6 subnets, ip6tables:
 //
 //	-A POSTROUTING -m comment --comment "crisp: masquerade pod subnets" -j CRISP-POSTROUTING
-//	-A CRISP-POSTROUTING -s S ! -d S -m addrtype ! --dst-type MULTICAST -m comment --comment "crisp-masquerade:S" -j MASQUERADE
+//	-A CRISP-POSTROUTING -s S ! -d S -m addrtype ! --dst-type MULTICAST -m comment --comment "crisp-masquerade:OWNER:S" -j MASQUERADE
 //
-// one rule per pod subnet S. That is what the bridge plugin's per-pod chain does for
+// one rule per pod subnet S; OWNER tells crisp instances apart (masqOwner). That is what the bridge plugin's per-pod chain does for
 // each pod of S (ACCEPT to the subnet, MASQUERADE the rest except multicast), in one
 // rule and without any work per pod. The binaries are iptables and ip6tables from
 // PATH, as the plugins' go-iptables finds them, so the rules land in whichever
@@ -72,24 +75,34 @@ func (f iptablesFamily) run(ctx context.Context, args ...string) (string, error)
 	return stdout.String(), nil
 }
 
-// masqRule is the rule spec (without chain) that masquerades traffic leaving subnet.
-func masqRule(subnet *net.IPNet) []string {
+// masqRule is the rule spec (without chain) that masquerades traffic leaving subnet,
+// tagged with the crisp instance that owns it.
+func masqRule(subnet *net.IPNet, owner string) []string {
 	s := subnet.String()
 	return []string{"-s", s, "!", "-d", s, "-m", "addrtype", "!", "--dst-type", "MULTICAST",
-		"-m", "comment", "--comment", masqRulePrefix + s, "-j", "MASQUERADE"}
+		"-m", "comment", "--comment", masqRulePrefix + owner + ":" + s, "-j", "MASQUERADE"}
 }
 
 func (f iptablesFamily) jump() []string {
 	return []string{"-m", "comment", "--comment", masqJumpComment, "-j", f.chain}
 }
 
-// ruleComment finds the subnet in the comment of one of crisp's rules as iptables -S
-// prints it (quoted by both backends; the subnet has no spaces either way).
-var ruleComment = regexp.MustCompile(`--comment "?` + regexp.QuoteMeta(masqRulePrefix) + `([^" ]+)"?`)
+// ruleComment finds the owner and subnet in the comment of one of crisp's rules as
+// iptables -S prints it (quoted by both backends; neither part has spaces).
+var ruleComment = regexp.MustCompile(`--comment "?` + regexp.QuoteMeta(masqRulePrefix) + `([0-9a-f]+):([^" ]+)"?`)
 
-// reconcile makes the family's nat table hold exactly the rules for want (subnets of
-// this family). With want empty it removes the chain and its jump, if present.
-func (f iptablesFamily) reconcile(ctx context.Context, want []*net.IPNet) error {
+// masqOwner tags the rules of the crisp instance whose libcni cache is cacheDir. Each
+// instance changes only its own rules, so two of them on one host (tests, benchmarks)
+// do not remove each other's.
+func masqOwner(cacheDir string) string {
+	sum := sha256.Sum256([]byte(filepath.Clean(cacheDir)))
+	return hex.EncodeToString(sum[:4])
+}
+
+// reconcile makes the family's nat table hold exactly owner's rules for want (subnets
+// of this family), leaving other rules in the chain alone. With want empty it removes
+// the chain and its jump too once no rule is left in it.
+func (f iptablesFamily) reconcile(ctx context.Context, owner string, want []*net.IPNet) error {
 	out, listErr := f.run(ctx, "-S", f.chain)
 	if listErr != nil {
 		// Most likely no such chain, which both backends report with exit status 1 and
@@ -102,31 +115,17 @@ func (f iptablesFamily) reconcile(ctx context.Context, want []*net.IPNet) error 
 		}
 		out = ""
 	}
-	if len(want) == 0 {
-		return f.remove(ctx)
-	}
-	if _, err := f.run(ctx, append([]string{"-C", "POSTROUTING"}, f.jump()...)...); err != nil {
-		if _, err := f.run(ctx, append([]string{"-A", "POSTROUTING"}, f.jump()...)...); err != nil {
-			return fmt.Errorf("jump to %s from POSTROUTING: %w", f.chain, err)
+	if len(want) > 0 {
+		if _, err := f.run(ctx, append([]string{"-C", "POSTROUTING"}, f.jump()...)...); err != nil {
+			if _, err := f.run(ctx, append([]string{"-A", "POSTROUTING"}, f.jump()...)...); err != nil {
+				return fmt.Errorf("jump to %s from POSTROUTING: %w", f.chain, err)
+			}
 		}
 	}
-	// Rules in the chain, numbered as -D takes them, and the subnet each is for.
-	type rule struct {
-		num    int
-		subnet string
-	}
-	var rules []rule
+	own, total := f.parse(out, owner)
 	count := map[string]int{}
-	for line := range strings.SplitSeq(out, "\n") {
-		if !strings.HasPrefix(line, "-A "+f.chain+" ") {
-			continue
-		}
-		r := rule{num: len(rules) + 1}
-		if m := ruleComment.FindStringSubmatch(line); m != nil {
-			r.subnet = m[1]
-			count[r.subnet]++
-		}
-		rules = append(rules, r)
+	for _, r := range own {
+		count[r.subnet]++
 	}
 	keep := map[string]bool{}
 	for _, n := range want {
@@ -134,29 +133,84 @@ func (f iptablesFamily) reconcile(ctx context.Context, want []*net.IPNet) error 
 		// A subnet's rule is kept only when it is the one rule with its comment and
 		// exactly the rule crisp makes (-C), so a changed or duplicated one is replaced.
 		if count[s] == 1 {
-			if _, err := f.run(ctx, append([]string{"-C", f.chain}, masqRule(n)...)...); err == nil {
+			if _, err := f.run(ctx, append([]string{"-C", f.chain}, masqRule(n, owner)...)...); err == nil {
 				keep[s] = true
 			}
 		}
 	}
-	// From the bottom up, so that the numbers of the rules still to delete hold.
-	for _, r := range slices.Backward(rules) {
+	// By spec, which another crisp changing the chain at the same time cannot make hit
+	// the wrong rule; then, listed again, by number what someone edited.
+	edited := false
+	for _, r := range own {
 		if keep[r.subnet] {
 			continue
 		}
-		if _, err := f.run(ctx, "-D", f.chain, strconv.Itoa(r.num)); err != nil {
-			return fmt.Errorf("delete stale rule %d (subnet %q) of %s: %w", r.num, r.subnet, f.chain, err)
+		_, n, err := net.ParseCIDR(r.subnet)
+		if err == nil {
+			_, err = f.run(ctx, append([]string{"-D", f.chain}, masqRule(n, owner)...)...)
 		}
+		if err != nil {
+			edited = true
+		}
+	}
+	if edited {
+		out, err := f.run(ctx, "-S", f.chain)
+		if err != nil {
+			return fmt.Errorf("list chain %s: %w", f.chain, err)
+		}
+		own, total = f.parse(out, owner)
+		// From the bottom up, so that the numbers of the rules still to delete hold.
+		for _, r := range slices.Backward(own) {
+			if keep[r.subnet] {
+				continue
+			}
+			if _, err := f.run(ctx, "-D", f.chain, strconv.Itoa(r.num)); err != nil {
+				return fmt.Errorf("delete stale rule %d (subnet %q) of %s: %w", r.num, r.subnet, f.chain, err)
+			}
+		}
+	}
+	for _, r := range own {
+		if !keep[r.subnet] {
+			total--
+		}
+	}
+	if len(want) == 0 {
+		if total > 0 {
+			return nil // another crisp's rules, or an operator's
+		}
+		return f.remove(ctx)
 	}
 	for _, n := range want {
 		if keep[n.String()] {
 			continue
 		}
-		if _, err := f.run(ctx, append([]string{"-A", f.chain}, masqRule(n)...)...); err != nil {
+		if _, err := f.run(ctx, append([]string{"-A", f.chain}, masqRule(n, owner)...)...); err != nil {
 			return fmt.Errorf("masquerade pod subnet %s: %w", n, err)
 		}
 	}
 	return nil
+}
+
+// masqRuleLine is one of an owner's rules as listed: its number, as -D takes it, and
+// its subnet.
+type masqRuleLine struct {
+	num    int
+	subnet string
+}
+
+// parse picks owner's rules out of iptables -S output for the chain, and counts all
+// rules in it.
+func (f iptablesFamily) parse(out, owner string) (own []masqRuleLine, total int) {
+	for line := range strings.SplitSeq(out, "\n") {
+		if !strings.HasPrefix(line, "-A "+f.chain+" ") {
+			continue
+		}
+		total++
+		if m := ruleComment.FindStringSubmatch(line); m != nil && m[1] == owner {
+			own = append(own, masqRuleLine{num: total, subnet: m[2]})
+		}
+	}
+	return own, total
 }
 
 // remove deletes the jump (every copy) and the chain.
@@ -202,6 +256,9 @@ func (e *MasqueradeError) Unwrap() error { return e.Err }
 
 // masqState is what the manager knows of the runtime masquerade rules it installed.
 type masqState struct {
+	// owner tags this instance's rules (masqOwner).
+	owner string
+
 	mu sync.Mutex
 	// synced: the rules matched key (and the pods' cached needs) at at.
 	synced bool
@@ -284,7 +341,7 @@ func (m *Manager) syncMasqLocked(ctx context.Context, want []*net.IPNet, force b
 		if len(fam) == 0 && ms.synced && !ms.present[i] {
 			continue
 		}
-		if err := f.reconcile(ctx, fam); err != nil {
+		if err := f.reconcile(ctx, ms.owner, fam); err != nil {
 			if needed := ofFamily(want, f.v6); len(needed) > 0 {
 				errs = append(errs, &MasqueradeError{Subnets: needed, Err: err})
 			} else {

@@ -43,11 +43,14 @@ func (e *env) assertMasqFor(subnets ...*net.IPNet) {
 	var got []string
 	for _, r := range rules {
 		m := ruleComment.FindStringSubmatch(r)
-		if m == nil || !strings.Contains(r, "-j MASQUERADE") || !strings.Contains(r, "-s "+m[1]+" ! -d "+m[1]) {
+		if m != nil && m[1] != e.m.masq.owner {
+			continue // another instance's
+		}
+		if m == nil || !strings.Contains(r, "-j MASQUERADE") || !strings.Contains(r, "-s "+m[2]+" ! -d "+m[2]) {
 			e.t.Errorf("unexpected rule in %s: %s", e.chain, r)
 			continue
 		}
-		got = append(got, m[1])
+		got = append(got, m[2])
 	}
 	var want []string
 	for _, n := range subnets {
@@ -64,7 +67,7 @@ func (e *env) assertMasqFor(subnets ...*net.IPNet) {
 			jumps++
 		}
 	}
-	if want, got := min(len(subnets), 1), jumps; got != want {
+	if want, got := min(len(rules), 1), jumps; got != want {
 		e.t.Errorf("%d jumps from POSTROUTING to %s, want %d", got, e.chain, want)
 	}
 }
@@ -294,15 +297,21 @@ func TestMasqueradeSwitch(t *testing.T) {
 }
 
 // TestMasqueradeResync: stale and duplicated rules in crisp's chain are replaced at
-// startup, and a new pod CIDR gets its rule while the old one's stays for its pods.
+// startup, another instance's are left alone, and a new pod CIDR gets its rule while
+// the old one's stays for its pods.
 func TestMasqueradeResync(t *testing.T) {
 	e := newEnv(t)
 	f := masqFamilies(e.chain)[0]
+	owner := e.m.masq.owner
 	stale := freeSubnet(t)
+	changed := append([]string{"-A", e.chain}, masqRule(e.subnet, owner)...)
+	changed[slices.Index(changed, "MULTICAST")] = "BROADCAST"
+	others := append([]string{"-A", e.chain}, masqRule(stale, "0000")...)
 	for _, args := range [][]string{
-		append([]string{"-A", e.chain}, masqRule(stale)...),
-		append([]string{"-A", e.chain}, masqRule(e.subnet)...),
-		{"-A", e.chain, "-s", "192.0.2.0/24", "-j", "RETURN"},
+		append([]string{"-A", e.chain}, masqRule(stale, owner)...),
+		append([]string{"-A", e.chain}, masqRule(e.subnet, owner)...),
+		others,
+		changed,
 	} {
 		if _, err := f.run(context.Background(), args...); err != nil {
 			t.Fatal(err)
@@ -311,6 +320,10 @@ func TestMasqueradeResync(t *testing.T) {
 	e.m.Close()
 	e.m = e.newManager(MasqueradeRuntime)
 	e.assertMasqFor(e.subnet)
+	check := append([]string{"-C"}, others[1:]...)
+	if _, err := f.run(context.Background(), check...); err != nil {
+		t.Errorf("another instance's rule was removed: %v", err)
+	}
 
 	p := e.pod("before")
 	r := e.setup(p)
@@ -330,6 +343,13 @@ func TestMasqueradeResync(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.assertMasqFor(next)
+	// With nothing to masquerade, the chain stays for the other instance's rule.
+	e.m.Close()
+	e.m = e.newManager(MasqueradePlugin)
+	e.assertMasqFor()
+	if _, err := f.run(context.Background(), check...); err != nil {
+		t.Errorf("another instance's rule was removed: %v", err)
+	}
 }
 
 // TestMasqueradeFailureFailsSetup: when the rule cannot be installed, Setup fails as
@@ -393,4 +413,29 @@ func BenchmarkPodNetwork(b *testing.B) {
 			b.ReportMetric(ms(del)/float64(b.N), "teardown-ms/op")
 		})
 	}
+}
+
+// TestMasqueradeIPv6: an IPv6 pod subnet gets its rule from ip6tables, and the IPv6
+// chain goes when no subnet needs it any more.
+func TestMasqueradeIPv6(t *testing.T) {
+	e := newEnv(t)
+	f6 := masqFamilies(e.chain)[1]
+	_, v6, _ := net.ParseCIDR("fd00:" + randHex(t, 2) + "::/64")
+	if err := e.m.syncMasq(context.Background(), []*net.IPNet{e.subnet, v6}); err != nil {
+		t.Fatal(err)
+	}
+	e.assertMasqFor(e.subnet)
+	if _, err := f6.run(context.Background(), append([]string{"-C", e.chain}, masqRule(v6, e.m.masq.owner)...)...); err != nil {
+		t.Errorf("no ip6tables rule for %s: %v", v6, err)
+	}
+	if _, err := f6.run(context.Background(), append([]string{"-C", "POSTROUTING"}, f6.jump()...)...); err != nil {
+		t.Errorf("no ip6tables jump to %s: %v", e.chain, err)
+	}
+	if err := e.m.syncMasq(context.Background(), []*net.IPNet{e.subnet}); err != nil {
+		t.Fatal(err)
+	}
+	if f6.chainExists() {
+		t.Errorf("ip6tables chain %s left without IPv6 subnets", e.chain)
+	}
+	e.assertMasqFor(e.subnet)
 }

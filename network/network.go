@@ -117,7 +117,7 @@ func New(cfg Config, log *slog.Logger) (*Manager, error) {
 		cni:      libcni.NewCNIConfigWithCacheDir(cfg.BinDirs, cfg.CacheDir, exec),
 		uncached: libcni.NewCNIConfigWithCacheDir(cfg.BinDirs, filepath.Join(cfg.CacheDir, "none"), exec),
 		failures: map[string]int{},
-		masq:     masqState{inflight: map[string]int{}},
+		masq:     masqState{owner: masqOwner(cfg.CacheDir), inflight: map[string]int{}},
 		ctx:      ctx,
 		cancel:   cancel,
 	}
