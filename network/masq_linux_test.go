@@ -233,6 +233,9 @@ func TestRuntimeMasquerade(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.assertMasqFor(e.subnet)
+	// Stopped without pods, crisp leaves no rule behind.
+	e.m.Close()
+	e.assertMasqFor()
 }
 
 // TestPluginMasquerade: with masquerade = plugin the bridge plugin does it per pod,
@@ -317,8 +320,10 @@ func TestMasqueradeResync(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	e.m.Close()
-	e.m = e.newManager(MasqueradeRuntime)
+	// What a restart does (without Close, which would clean up first).
+	if err := e.m.syncMasq(context.Background(), e.m.masqSubnets()); err != nil {
+		t.Fatal(err)
+	}
 	e.assertMasqFor(e.subnet)
 	check := append([]string{"-C"}, others[1:]...)
 	if _, err := f.run(context.Background(), check...); err != nil {

@@ -255,8 +255,14 @@ func (m *Manager) retryOne(ctx context.Context, path string) error {
 	return nil
 }
 
-// Close stops the background retrier; pending DELs stay kept for the next start.
+// Close stops the background retrier; pending DELs stay kept for the next start. The
+// masquerade rules stay for the pods that still rely on them (they keep running
+// across a restart); those of no pod are removed, so that a node, or a test, that
+// stops crisp without pods keeps no rules of it.
 func (m *Manager) Close() {
 	m.cancel()
 	m.wg.Wait()
+	if err := m.syncMasq(context.Background(), nil); err != nil {
+		m.log.Warn("remove pod subnet masquerade rules no pod needs", "err", err)
+	}
 }
