@@ -176,3 +176,26 @@ func cachedMasqSubnets(conf []byte) []*net.IPNet {
 	}
 	return out
 }
+
+// MasqueradeSubnets returns the pod subnets crisp masquerades for list with
+// cni.masquerade = "runtime" (chain DefaultMasqueradeChain), and why bridge plugins
+// with ipMasq keep doing it themselves. `criserver check` reports on them.
+func MasqueradeSubnets(list *libcni.NetworkConfigList) (subnets []*net.IPNet, kept []string, err error) {
+	plan, err := planMasquerade(list)
+	return plan.subnets, plan.kept, err
+}
+
+// DefaultMasqueradeSubnets is MasqueradeSubnets of the network criserver writes into
+// an empty config dir for defaultSubnet (see Config.DefaultSubnet).
+func DefaultMasqueradeSubnets(defaultSubnet string) ([]*net.IPNet, error) {
+	data, err := defaultConfList(Config{DefaultBridge: DefaultBridge, DefaultSubnet: defaultSubnet})
+	if err != nil {
+		return nil, err
+	}
+	list, err := libcni.NetworkConfFromBytes(data)
+	if err != nil {
+		return nil, err
+	}
+	subnets, _, err := MasqueradeSubnets(list)
+	return subnets, err
+}

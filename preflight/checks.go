@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 
@@ -388,4 +390,81 @@ func checkSysctls(h Host) []Result {
 		out = append(out, r)
 	}
 	return out
+}
+
+// checkMasquerade: with cni.masquerade = "runtime", pods of a bridge network with
+// ipMasq reach the outside only through crisp's rule for their subnet. criserver
+// installs it at start and before a pod of the subnet is set up; this reports whether
+// it is there, and why crisp leaves a plugin's ipMasq alone.
+func checkMasquerade(h Host, c config.CNIConfig) Result {
+	r := Result{Name: "cni.masquerade"}
+	if c.Masquerade != "runtime" {
+		r.Detail = fmt.Sprintf("%s: the bridge plugin masquerades per pod", c.Masquerade)
+		return r
+	}
+	var subnets []*net.IPNet
+	var kept []string
+	var err error
+	files, _ := network.ConfigFiles(c.ConfDir)
+	chosen := ""
+	for _, f := range files {
+		list, lerr := network.LoadConfigFile(f)
+		if lerr != nil {
+			continue
+		}
+		chosen = filepath.Base(f)
+		subnets, kept, err = network.MasqueradeSubnets(list)
+		break
+	}
+	if chosen == "" {
+		chosen = "the default network"
+		subnets, err = network.DefaultMasqueradeSubnets(c.DefaultSubnet)
+	}
+	if err != nil {
+		r.Status, r.Detail = Warn, fmt.Sprintf("%s: %v", chosen, err)
+		return r
+	}
+	if len(subnets) == 0 {
+		r.Detail = fmt.Sprintf("%s has no bridge with ipMasq crisp takes over", chosen)
+		if len(kept) > 0 {
+			r.Detail += " (the plugin keeps it: " + strings.Join(kept, "; ") + ")"
+		}
+		return r
+	}
+	var have, missing []string
+	for _, n := range subnets {
+		out, err := h.NATChain(n.IP.To4() == nil, network.DefaultMasqueradeChain)
+		if errors.Is(err, exec.ErrNotFound) {
+			r.Status, r.Detail = Fail, fmt.Sprintf("%s: masquerading %s needs iptables (%v)", chosen, n, err)
+			return r
+		}
+		s := n.String()
+		if err == nil && strings.Contains(out, "-s "+s+" ! -d "+s+" ") && strings.Contains(out, "-j MASQUERADE") {
+			have = append(have, s)
+		} else {
+			missing = append(missing, s)
+		}
+	}
+	if len(missing) > 0 {
+		r.Status = Warn
+		r.Detail = fmt.Sprintf("%s: no rule in nat chain %s for %s yet (criserver adds it at start and before the first pod)",
+			chosen, network.DefaultMasqueradeChain, strings.Join(missing, ", "))
+		return r
+	}
+	r.Detail = fmt.Sprintf("%s: nat chain %s masquerades %s", chosen, network.DefaultMasqueradeChain, strings.Join(have, ", "))
+	return r
+}
+
+// listNATChain runs iptables (or ip6tables) -S for one chain of the nat table. It
+// only reads.
+func listNATChain(v6 bool, chain string) (string, error) {
+	bin := "iptables"
+	if v6 {
+		bin = "ip6tables"
+	}
+	out, err := exec.Command(bin, "-w", "-t", "nat", "-S", chain).Output()
+	if err != nil {
+		return "", fmt.Errorf("%s -t nat -S %s: %w", bin, chain, err)
+	}
+	return string(out), nil
 }

@@ -56,6 +56,8 @@ type Host struct {
 	IDMappedMounts    func(dir string) error
 	// ResolveShim finds a runtime handler's shim binary as criserver would.
 	ResolveShim func(name string) (string, error)
+	// NATChain lists a chain of the nat table (iptables -S, ip6tables for v6).
+	NATChain func(v6 bool, chain string) (string, error)
 }
 
 // DefaultKubeletConfig is where kubeadm and most installers put kubelet's config file.
@@ -71,6 +73,7 @@ func Default() Host {
 		RecursiveReadOnly: spec.RecursiveReadOnlySupported,
 		IDMappedMounts:    spec.IDMappedMountsSupported,
 		ResolveShim:       controller.ResolveShim,
+		NATChain:          listNATChain,
 	}
 }
 
@@ -85,6 +88,7 @@ func Run(cfg config.Config, h Host) []Result {
 	out = append(out, cg...)
 	out = append(out, checkCgroupDriver(h, cfg.CgroupDriver))
 	out = append(out, checkCNI(cfg.CNI)...)
+	out = append(out, checkMasquerade(h, cfg.CNI))
 	out = append(out, checkShims(h, cfg)...)
 	out = append(out, checkSysctls(h)...)
 	return out

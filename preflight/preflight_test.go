@@ -33,6 +33,7 @@ func fakeHost(t *testing.T, files map[string]string) Host {
 		RecursiveReadOnly: func() bool { return true },
 		IDMappedMounts:    func(string) error { return nil },
 		ResolveShim:       func(name string) (string, error) { return "/usr/bin/" + name, nil },
+		NATChain:          func(bool, string) (string, error) { return "", errors.New("no chain by that name") },
 	}
 }
 
@@ -218,6 +219,57 @@ func TestCNI(t *testing.T) {
 			rs := checkCNI(c)
 			if rs[0].Status != tc.wantConf || rs[1].Status != tc.wantPlugins || !strings.Contains(rs[1].Detail, tc.detail) {
 				t.Errorf("got %v %q / %v %q, want %v / %v naming %q", rs[0].Status, rs[0].Detail, rs[1].Status, rs[1].Detail, tc.wantConf, tc.wantPlugins, tc.detail)
+			}
+		})
+	}
+}
+
+func TestMasquerade(t *testing.T) {
+	rule := func(s string) string {
+		return "-N CRISP-POSTROUTING\n-A CRISP-POSTROUTING -s " + s + " ! -d " + s +
+			` -m addrtype ! --dst-type MULTICAST -m comment --comment "crisp-masquerade:0123abcd:` + s + `" -j MASQUERADE` + "\n"
+	}
+	dual := `{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge","ipMasq":true,
+		"ipam":{"type":"host-local","ranges":[[{"subnet":"10.5.0.0/16"}],[{"subnet":"fd00:5::/64"}]]}}]}`
+	dhcp := `{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge","ipMasq":true,"ipam":{"type":"dhcp"}}]}`
+	for _, tc := range []struct {
+		name   string
+		mode   string
+		conf   string // "" for none: criserver's default network
+		v4, v6 string // what iptables and ip6tables list; "-" fails
+		want   Status
+		detail string
+	}{
+		{name: "plugin mode", mode: "plugin", conf: dual, v4: "-", v6: "-", want: OK, detail: "bridge plugin masquerades per pod"},
+		{name: "default network, rule present", mode: "runtime", v4: rule("10.88.0.0/16"), v6: "-", want: OK, detail: "masquerades 10.88.0.0/16"},
+		{name: "default network, no chain yet", mode: "runtime", v4: "-", v6: "-", want: Warn, detail: "for 10.88.0.0/16 yet"},
+		{name: "dual stack, both present", mode: "runtime", conf: dual, v4: rule("10.5.0.0/16"), v6: rule("fd00:5::/64"), want: OK, detail: "10.5.0.0/16, fd00:5::/64"},
+		{name: "dual stack, IPv6 missing", mode: "runtime", conf: dual, v4: rule("10.5.0.0/16"), v6: "-N CRISP-POSTROUTING\n", want: Warn, detail: "for fd00:5::/64 yet"},
+		{name: "another subnet's rule", mode: "runtime", conf: dual, v4: rule("10.6.0.0/16"), v6: rule("fd00:5::/64"), want: Warn, detail: "for 10.5.0.0/16 yet"},
+		{name: "dhcp left to the plugin", mode: "runtime", conf: dhcp, v4: "-", v6: "-", want: OK, detail: `the plugin keeps it: plugin 0 (bridge): IPAM "dhcp"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := fakeHost(t, nil)
+			h.NATChain = func(v6 bool, chain string) (string, error) {
+				out := tc.v4
+				if v6 {
+					out = tc.v6
+				}
+				if chain != "CRISP-POSTROUTING" || out == "-" {
+					return "", errors.New("iptables: No chain/target/match by that name")
+				}
+				return out, nil
+			}
+			c := config.Default().CNI
+			c.ConfDir, c.Masquerade = t.TempDir(), tc.mode
+			if tc.conf != "" {
+				if err := os.WriteFile(filepath.Join(c.ConfDir, "10-n.conflist"), []byte(tc.conf), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r := checkMasquerade(h, c)
+			if r.Status != tc.want || !strings.Contains(r.Detail, tc.detail) {
+				t.Errorf("got %v %q, want %v naming %q", r.Status, r.Detail, tc.want, tc.detail)
 			}
 		})
 	}
