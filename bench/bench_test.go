@@ -38,13 +38,30 @@ var (
 	soakExecs  = flag.Int("soak-execs", 1000, "ExecSync calls of the soak (shim memory after the first vs after the last)")
 	soakFirst  = flag.Int("soak-first", 100, "pod cycles after which the soak reads the daemon's memory first")
 	soakCycles = flag.Int("soak-cycles", 1000, "pod cycles of the soak (daemon memory after -soak-first vs after these)")
+	instance   = flag.Int("instance", 0, "0-7: runs with different instances use their own root, lock, bridges, subnets and cgroup parents, so they can run at once")
 )
 
 // clients is how many CRI clients run pods concurrently, as kubelet's pod workers do.
 const clients = 10
 
-// benchRoot holds every runtime's files; short, because shim socket paths grow under it.
-const benchRoot = "/run/crisp-bench"
+// benchRoot holds every runtime's files of an instance; short, because shim socket
+// paths grow under it.
+func benchRoot(instance int) string {
+	if instance == 0 {
+		return "/run/crisp-bench"
+	}
+	return fmt.Sprintf("/run/crisp-bench%d", instance)
+}
+
+// subnet is the pod subnet of an instance's runtime i (0 containerd, 1 crisp): the
+// first instance's are 10.233 and 10.234, the others' from 10.240 up, above the
+// 10.200-10.239 /24s the e2e tests pick from.
+func subnet(instance, i int) string {
+	if instance == 0 {
+		return fmt.Sprintf("10.%d.0.0/16", 233+i)
+	}
+	return fmt.Sprintf("10.%d.0.0/16", 238+2*instance+i)
+}
 
 func TestBench(t *testing.T) {
 	if os.Geteuid() != 0 {
@@ -56,8 +73,12 @@ func TestBench(t *testing.T) {
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
 
-	// One run at a time on a machine: runs share benchRoot, the bridges, the subnets
-	// and the cgroup parents, and each removes what it finds there.
+	if *instance < 0 || *instance > 7 {
+		t.Fatal("-instance must be 0-7")
+	}
+	benchRoot := benchRoot(*instance)
+	// One run of an instance at a time: its runs share benchRoot, the bridges, the
+	// subnets and the cgroup parents, and each removes what it finds there.
 	lock, err := os.OpenFile(benchRoot+".lock", os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		t.Fatal(err)
@@ -102,8 +123,8 @@ func TestBench(t *testing.T) {
 		subnet string
 		pulls  []string
 	}{
-		{"containerd", StartContainerd, "benchctrd0", "10.233.0.0/16", big[:3]},
-		{"crisp", StartCrisp, "benchcrisp0", "10.234.0.0/16", big[3:]},
+		{"containerd", StartContainerd, fmt.Sprintf("benchctrd%d", *instance), subnet(*instance, 0), big[:3]},
+		{"crisp", StartCrisp, fmt.Sprintf("benchcrisp%d", *instance), subnet(*instance, 1), big[3:]},
 	}
 	for _, r := range runs {
 		if *only != "" && *only != r.name {
@@ -112,7 +133,11 @@ func TestBench(t *testing.T) {
 		if ctx.Err() != nil {
 			break
 		}
-		spec := Spec{Name: r.name, Dir: filepath.Join(benchRoot, r.name), Bridge: r.bridge, Subnet: r.subnet,
+		parent := "/bench-" + r.name
+		if *instance != 0 {
+			parent += fmt.Sprint(*instance)
+		}
+		spec := Spec{Name: r.name, Dir: filepath.Join(benchRoot, r.name), Bridge: r.bridge, Subnet: r.subnet, CgroupParent: parent,
 			Registry: host, PauseImage: pause, Bin: *binDir, Metrics: *metricsOn}
 		if err := os.MkdirAll(spec.Dir, 0o711); err != nil {
 			t.Fatal(err)
@@ -366,7 +391,7 @@ func teardown(ctx context.Context, t *testing.T, d *Daemon, spec Spec) {
 	if d != nil {
 		d.Stop()
 	}
-	parent := "/bench-" + spec.Name
+	parent := spec.CgroupParent
 	for _, pid := range leftoverPids(spec.Dir, parent) {
 		t.Logf("%s: killing leftover process %d (%s)", spec.Name, pid, Comm(pid))
 		_ = syscall.Kill(pid, syscall.SIGKILL)

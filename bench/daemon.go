@@ -51,6 +51,8 @@ type Spec struct {
 	Dir    string
 	Bridge string
 	Subnet string
+	// CgroupParent is the pods' cgroup parent.
+	CgroupParent string
 	// Registry is the host:port of the plain-HTTP test registry.
 	Registry string
 	// PauseImage is containerd's sandbox image (crisp needs none).
@@ -89,7 +91,7 @@ func conflist(bridge, subnet, ipamDir string) ([]byte, error) {
 // CAP_SYS_RESOURCE), cgroupfs, and the test registry reachable over HTTP.
 func StartContainerd(ctx context.Context, s Spec) (*Daemon, error) {
 	d := &Daemon{Name: "containerd", Dir: s.Dir, Socket: filepath.Join(s.Dir, "containerd.sock"),
-		CgroupParent: "/bench-containerd", Bridge: s.Bridge}
+		CgroupParent: s.CgroupParent, Bridge: s.Bridge}
 	netd := filepath.Join(s.Dir, "net.d")
 	if err := writeCNI(netd, s.Dir, s.Bridge, s.Subnet); err != nil {
 		return nil, err
@@ -142,7 +144,7 @@ oom_score = 0
 // StartCrisp starts criserver with its own root, state, socket and CNI network.
 func StartCrisp(ctx context.Context, s Spec) (*Daemon, error) {
 	d := &Daemon{Name: "crisp", Dir: s.Dir, Socket: filepath.Join(s.Dir, "crisp.sock"),
-		CgroupParent: "/bench-crisp", Bridge: s.Bridge}
+		CgroupParent: s.CgroupParent, Bridge: s.Bridge}
 	netd := filepath.Join(s.Dir, "net.d")
 	if err := writeCNI(netd, s.Dir, s.Bridge, s.Subnet); err != nil {
 		return nil, err

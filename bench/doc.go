@@ -38,4 +38,9 @@
 // sequential cycles for that alone.
 //
 // Quick runs: BENCHFLAGS='-only crisp -base=false -density 10 -idle 5s -list-calls 20'.
+//
+// Runs of one -instance (0 by default) wait for each other (a lock next to their
+// root): they share the root, the bridges, the subnets and the cgroup parents, and
+// each removes what it finds there. Runs of different instances may run at once, for
+// when several people share a machine; their figures then disturb each other.
 package bench
