@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -140,6 +141,9 @@ func (s *Service) runHelper(ctx context.Context, action string, req *helperReque
 	// The helper's log and libcontainer's go to the shim's log.
 	cmd.Stderr = os.Stderr
 	cmd.ExtraFiles = files
+	// A helper must not outlive the shim: `shim-runc delete` cleans up after a dead
+	// shim, and a helper still creating a container then would leave it running.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	start := time.Now()
 	if err := s.reaper.Start(cmd); err != nil {
 		return nil, internal("%s helper of container %q: %v", action, req.ID, err)

@@ -53,7 +53,7 @@ func helperMain(args []string, stdin io.Reader, log *slog.Logger) *helperRespons
 		case helperExec:
 			return helperExecProcess(&req)
 		case helperRestore:
-			return helperRestoreContainer(&req)
+			return helperRestoreContainer(&req, log)
 		case helperUpdate:
 			return &helperResponse{}, helperUpdateResources(&req)
 		case helperCheckpoint:
@@ -213,22 +213,41 @@ func helperExecProcess(req *helperRequest) (*helperResponse, error) {
 
 // helperRestoreContainer restores a created container's processes from its checkpoint
 // with CRIU: CRIU restores them as its siblings, children of the helper, and they are
-// re-parented to the shim (the subreaper) when the helper exits.
-func helperRestoreContainer(req *helperRequest) (*helperResponse, error) {
+// re-parented to the shim (the subreaper) when the helper exits. libcontainer keeps a
+// created container that never started in memory only (no state.json), so the one the
+// create helper made is created again from the bundle here.
+func helperRestoreContainer(req *helperRequest, log *slog.Logger) (_ *helperResponse, retErr error) {
 	spec, err := loadSpec(req.Bundle)
 	if err != nil {
 		return nil, invalid("container %q: %v", req.ID, err)
 	}
 	spec.Process.Terminal = req.Terminal
+	cfg, err := libcontainerConfig(req.ID, req.Bundle, spec)
+	if err != nil {
+		return nil, invalid("convert spec of container %q: %v", req.ID, err)
+	}
 	lp, err := newProcess(spec.Process)
 	if err != nil {
 		return nil, invalid("container %q: %v", req.ID, err)
 	}
 	lp.Init = true
-	lc, err := libcontainer.Load(req.Root, req.ID)
+	if _, err := os.Stat(filepath.Join(req.Root, req.ID, "state.json")); errors.Is(err, os.ErrNotExist) {
+		if err := os.RemoveAll(filepath.Join(req.Root, req.ID)); err != nil {
+			return nil, internal("restore container %q: %v", req.ID, err)
+		}
+	}
+	lc, err := libcontainer.Create(req.Root, req.ID, cfg)
 	if err != nil {
 		return nil, internal("restore container %q: %v", req.ID, err)
 	}
+	defer func() {
+		if retErr != nil {
+			// What the restore made (the cgroup) goes; a retried Start creates it anew.
+			if err := destroyLibcontainer(lc); err != nil {
+				log.Error("destroy container after failed restore", "error", err)
+			}
+		}
+	}()
 	stdioFiles(lp, req.Stdio)
 	criuOpts := &libcontainer.CriuOpts{
 		ImagesDirectory: req.Checkpoint,
