@@ -254,7 +254,10 @@ func (c *Controller) Create(ctx context.Context, spec Spec) (_ *Status, retErr e
 	}
 	// The warm spare NewSandboxID gave this id, if any: its shim runs and is
 	// connected already.
-	sp := c.claimSpare(ctx, spec.ID, spec.Handler)
+	sp, err := c.claimSpare(ctx, spec.ID, spec.Handler)
+	if err != nil {
+		return nil, err
+	}
 	var sb *sandbox
 	if sp != nil {
 		defer c.adopted(spec.Handler)

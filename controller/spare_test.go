@@ -216,12 +216,12 @@ func TestSpareHandOutAndReplace(t *testing.T) {
 	if id := e.c.NewSandboxID("cold"); id == sp.sb.rec.ID || e.c.spares.kick["cold"] != nil {
 		t.Errorf("handler without warm_spare: id %s, keeper %v", id, e.c.spares.kick["cold"] != nil)
 	}
-	claimed := e.c.claimSpare(context.Background(), sp.sb.rec.ID, "runc")
-	if claimed != sp {
-		t.Fatalf("claim of the offered id returned %v", claimed)
+	claimed, err := e.c.claimSpare(context.Background(), sp.sb.rec.ID, "runc")
+	if err != nil || claimed != sp {
+		t.Fatalf("claim of the offered id returned %v, %v", claimed, err)
 	}
-	if again := e.c.claimSpare(context.Background(), sp.sb.rec.ID, "runc"); again != nil {
-		t.Fatal("a spare was claimed twice")
+	if again, err := e.c.claimSpare(context.Background(), sp.sb.rec.ID, "runc"); again != nil || err != nil {
+		t.Fatalf("a spare was claimed twice (%v)", err)
 	}
 	// While the adopting Create runs, no replacement starts (it would compete with it).
 	time.Sleep(200 * time.Millisecond)
@@ -278,8 +278,8 @@ func TestSpareOfferExpires(t *testing.T) {
 	}
 	next := e.ready("runc", sp)
 	e.assertGone(sp, pid)
-	if claimed := e.c.claimSpare(context.Background(), id, "runc"); claimed != nil {
-		t.Errorf("expired offer claimed")
+	if claimed, err := e.c.claimSpare(context.Background(), id, "runc"); claimed != nil || err != nil {
+		t.Errorf("expired offer claimed (%v)", err)
 	}
 	if e.shimsIn() != 1 {
 		t.Errorf("%d shims run, want the replacement %s alone", e.shimsIn(), next.sb.rec.ID)
