@@ -193,10 +193,14 @@ func helperMessage(err error) string {
 }
 
 // cleanupAfterHelper removes what a helper that gave no answer may have left of
-// container id: its processes, libcontainer state and cgroup, and its rootfs mount if
-// mountedRootfs says the create was asked to mount one.
-func (s *Service) cleanupAfterHelper(id string, mountedRootfs bool) {
-	_, err := s.runHelper(context.Background(), helperDelete, &helperRequest{ID: id, RootfsFromState: mountedRootfs}, nil)
+// container id: its processes, libcontainer state and cgroup, and its rootfs mount (the
+// one the bundle's spec names) if mountedRootfs says the create was asked to mount one.
+func (s *Service) cleanupAfterHelper(id, bundle string, mountedRootfs bool) {
+	req := &helperRequest{ID: id, RootfsFromState: mountedRootfs}
+	if mountedRootfs {
+		req.Bundle = bundle
+	}
+	_, err := s.runHelper(context.Background(), helperDelete, req, nil)
 	if err != nil {
 		s.log.Error("clean up after a failed task helper", "container", id, "error", err)
 	}

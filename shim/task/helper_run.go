@@ -61,7 +61,7 @@ func helperMain(args []string, stdin io.Reader, log *slog.Logger) *helperRespons
 		case helperPause, helperResume:
 			return &helperResponse{}, helperFreeze(&req, args[0] == helperPause)
 		case helperDelete:
-			return &helperResponse{}, destroyContainer(req.Root, req.ID, req.RootfsDir, req.RootfsFromState, false, log)
+			return &helperResponse{}, helperDestroy(&req, log)
 		}
 		return nil, internal("task helper: unknown action %q", args[0])
 	}()
@@ -347,6 +347,23 @@ func helperFreeze(req *helperRequest, pause bool) error {
 	}
 	if err != nil && !errors.Is(err, libcontainer.ErrNotPaused) {
 		return internal("resume container %q: %v", req.ID, err)
+	}
+	return nil
+}
+
+// helperDestroy destroys the container (see destroyContainer). After a create helper
+// that died before it answered, the libcontainer state may not record the rootfs yet
+// (or at all): the rootfs the bundle's spec names is unmounted too.
+func helperDestroy(req *helperRequest, log *slog.Logger) error {
+	if err := destroyContainer(req.Root, req.ID, req.RootfsDir, req.RootfsFromState, false, log); err != nil {
+		return err
+	}
+	if req.RootfsFromState && req.Bundle != "" {
+		if spec, err := loadSpec(req.Bundle); err == nil {
+			if err := mount.Unmount(rootfsPath(req.Bundle, spec)); err != nil {
+				return fmt.Errorf("container %s: %w", req.ID, err)
+			}
+		}
 	}
 	return nil
 }

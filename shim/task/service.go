@@ -303,7 +303,7 @@ func (s *Service) Create(ctx context.Context, req *taskv3.CreateTaskRequest) (_ 
 		// the rootfs and creates the libcontainer container.
 		resp, err := s.runHelper(context.Background(), helperCreate, hreq, nil)
 		if resp == nil && err != nil {
-			s.cleanupAfterHelper(id, len(hreq.Rootfs) > 0)
+			s.cleanupAfterHelper(id, bundle, len(hreq.Rootfs) > 0)
 		}
 		if err != nil {
 			return nil, err
@@ -329,7 +329,7 @@ func (s *Service) Create(ctx context.Context, req *taskv3.CreateTaskRequest) (_ 
 	if err != nil {
 		sio.abort()
 		if resp == nil {
-			s.cleanupAfterHelper(id, len(hreq.Rootfs) > 0)
+			s.cleanupAfterHelper(id, bundle, len(hreq.Rootfs) > 0)
 		}
 		return nil, err
 	}
