@@ -52,13 +52,7 @@ func (e *env) leakSnapshot(t *testing.T) leakSnapshot {
 		s.counts[key] = len(items)
 		s.what[key] = items
 	}
-	// The warm spare shims are expected (a new one replaces each one a pod takes):
-	// bounded by their own count, and not counted with the pods' objects. Listed
-	// after the processes, so that a spare starting meanwhile is known as one.
-	procs := e.shimProcesses()
-	spares := e.warmSpares()
-	add("warm spares beyond one per handler", spareExcess(spares))
-	add("shim+pause processes", withoutSpares(procs, spares))
+	add("shim+pause processes", e.shimProcesses())
 	add("mounts", mountsUnder(e.dir))
 	add("netns pins", leakDirNames(filepath.Join(e.state, "netns")))
 	add("veths", e.vethsOnBridge())
@@ -72,7 +66,17 @@ func (e *env) leakSnapshot(t *testing.T) leakSnapshot {
 		add(key, files)
 	}
 	for key, files := range leakFiles(e.state, "state") {
-		add(key, withoutSpares(files, spares))
+		add(key, files)
+	}
+	// The warm spare shims are expected (a new one replaces each one a pod takes):
+	// bounded by their own count, and not counted with the pods' objects. Listed
+	// last, so that a spare that started while the rest was read is known as one.
+	spares := e.warmSpares()
+	add("warm spares beyond one per handler", spareExcess(spares))
+	for key, items := range s.what {
+		if key == "shim+pause processes" || strings.HasPrefix(key, "files/state/") {
+			add(key, withoutSpares(items, spares))
+		}
 	}
 	if e.cmd != nil && e.cmd.Process != nil {
 		s.pid = e.cmd.Process.Pid
