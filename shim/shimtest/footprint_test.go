@@ -59,9 +59,9 @@ func (p *pod) readShimMem(t *testing.T) shimMem {
 // container, and after execs into it (each exits before or after its helper names it;
 // the exit status must be right either way). Its memory after the execs must stay within
 // 5 % of its memory half-way: an exec liveness probe runs every 10 s for the container's
-// whole life. CRISP_SHIM_EXECS sets the number of execs (at least and by default 400: the warm-up takes up to 200; 1000 for a soak),
-// CRISP_SHIM_EXEC_GAP a pause between them (1.1s lets the shim return freed memory
-// after each, as it does between probes).
+// whole life. CRISP_SHIM_EXECS sets the number of execs (at least and by default 400:
+// the warm-up takes up to 200; 1000 for a soak), CRISP_SHIM_EXEC_GAP a pause between
+// them (1.1s lets the shim return freed memory after each, as it does between probes).
 func TestTaskShimFootprint(t *testing.T) {
 	p := startPod(t)
 	base := p.readShimMem(t)
