@@ -114,7 +114,6 @@ func TestBench(t *testing.T) {
 
 	rep := &Report{Time: time.Now(), Runtimes: map[string]Results{}, Versions: map[string]string{}}
 	rep.Host, _ = os.Hostname()
-	netnsBefore := listDir("/var/run/netns")
 
 	runs := []struct {
 		name   string
@@ -152,9 +151,6 @@ func TestBench(t *testing.T) {
 		if err != nil {
 			t.Errorf("%s: %v", r.name, err)
 		}
-	}
-	if *only != "crisp" {
-		cleanNetns(t, netnsBefore)
 	}
 
 	var sb strings.Builder
@@ -410,44 +406,6 @@ func teardown(ctx context.Context, t *testing.T, d *Daemon, spec Spec) {
 	removeCgroups(parent)
 	if err := os.RemoveAll(spec.Dir); err != nil {
 		t.Errorf("remove %s: %v", spec.Dir, err)
-	}
-}
-
-func listDir(dir string) map[string]bool {
-	out := map[string]bool{}
-	ents, _ := os.ReadDir(dir)
-	for _, e := range ents {
-		out[e.Name()] = true
-	}
-	return out
-}
-
-// cleanNetns removes the network namespaces containerd 1.6 pinned under
-// /var/run/netns (a fixed path in that version) during the run and left behind. A pin
-// some process is still in, or made in the last minute, is another runtime's (a
-// concurrent run's, a test's) and stays.
-func cleanNetns(t *testing.T, before map[string]bool) {
-	inUse := map[uint64]bool{}
-	procs, _ := filepath.Glob("/proc/[0-9]*/ns/net")
-	for _, p := range procs {
-		var st syscall.Stat_t
-		if err := syscall.Stat(p, &st); err == nil {
-			inUse[st.Ino] = true
-		}
-	}
-	for name := range listDir("/var/run/netns") {
-		if before[name] || !strings.HasPrefix(name, "cni-") {
-			continue
-		}
-		p := filepath.Join("/var/run/netns", name)
-		var st syscall.Stat_t
-		if err := syscall.Stat(p, &st); err != nil || inUse[st.Ino] || time.Since(time.Unix(st.Ctim.Unix())) < time.Minute {
-			continue
-		}
-		_ = syscall.Unmount(p, syscall.MNT_DETACH)
-		if err := os.Remove(p); err != nil {
-			t.Errorf("remove netns %s: %v", p, err)
-		}
 	}
 }
 

@@ -138,7 +138,13 @@ oom_score = 0
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		return nil, err
 	}
-	return d, d.start(ctx, exec.Command("containerd", "--config", path))
+	// containerd 1.6 pins pod network namespaces under the fixed /var/run/netns. In a
+	// mount namespace of its own with a tmpfs there, its pins are out of reach of other
+	// runs' and tests' cleanups, and go with it. (unshare and sh exec: the pid is
+	// containerd's.)
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
+		`mkdir -p /var/run/netns && mount -t tmpfs -o mode=0755 bench-netns /var/run/netns && exec containerd --config "$0"`, path)
+	return d, d.start(ctx, cmd)
 }
 
 // StartCrisp starts criserver with its own root, state, socket and CNI network.
