@@ -33,7 +33,7 @@ func TestDefaultConfig(t *testing.T) {
 			if tc.existing != nil {
 				writeFiles(t, confDir, tc.existing)
 			}
-			cfg := Config{ConfDir: confDir, CacheDir: t.TempDir(), DefaultBridge: "crtdef0", DefaultSubnet: "10.222.250.0/24", IPAMDataDir: "/x/ipam"}
+			cfg := Config{ConfDir: confDir, CacheDir: t.TempDir(), DefaultBridge: "crtdef0", DefaultSubnet: "10.222.250.0/24", IPAMDataDir: "/x/ipam", Masquerade: noMasq}
 			m, err := New(cfg, testLogger(t))
 			if err != nil {
 				t.Fatalf("New: %v", err)
@@ -118,7 +118,7 @@ func TestNewRejectsBadDefaults(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			_, err := New(Config{ConfDir: dir, CacheDir: t.TempDir(), DefaultBridge: tc.bridge, DefaultSubnet: tc.subnet}, testLogger(t))
+			_, err := New(Config{ConfDir: dir, CacheDir: t.TempDir(), DefaultBridge: tc.bridge, DefaultSubnet: tc.subnet, Masquerade: noMasq}, testLogger(t))
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("New err = %v, want %q", err, tc.want)
 			}
@@ -131,7 +131,7 @@ func TestNewRejectsBadDefaults(t *testing.T) {
 
 func TestConfigReload(t *testing.T) {
 	confDir := t.TempDir()
-	m, err := New(Config{ConfDir: confDir, CacheDir: t.TempDir(), DefaultBridge: "crtdef0", DefaultSubnet: "10.222.250.0/24"}, testLogger(t))
+	m, err := New(Config{ConfDir: confDir, CacheDir: t.TempDir(), DefaultBridge: "crtdef0", DefaultSubnet: "10.222.250.0/24", Masquerade: noMasq}, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +213,7 @@ func TestReady(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			confDir := t.TempDir()
 			writeFiles(t, confDir, tc.files)
-			m, err := New(Config{ConfDir: confDir, BinDirs: tc.binDirs, CacheDir: t.TempDir(), DefaultBridge: "crtdef0", DefaultSubnet: "10.222.250.0/24"}, testLogger(t))
+			m, err := New(Config{ConfDir: confDir, BinDirs: tc.binDirs, CacheDir: t.TempDir(), DefaultBridge: "crtdef0", DefaultSubnet: "10.222.250.0/24", Masquerade: noMasq}, testLogger(t))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -235,6 +235,10 @@ func TestReady(t *testing.T) {
 		})
 	}
 }
+
+// noMasq keeps the tests of config handling from installing masquerade rules in the
+// host's real nat chain: with "plugin" crisp only lists it.
+const noMasq = MasqueradePlugin
 
 func writeFiles(t testing.TB, dir string, files map[string]string) {
 	t.Helper()

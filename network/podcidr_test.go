@@ -53,7 +53,7 @@ func TestParsePodCIDRs(t *testing.T) {
 func newPodCIDRManager(t *testing.T, confDir, stateDir, subnet string) *Manager {
 	t.Helper()
 	m, err := New(Config{ConfDir: confDir, CacheDir: filepath.Join(stateDir, "cache"), DefaultBridge: "crtdef0",
-		DefaultSubnet: subnet, IPAMDataDir: "/x/ipam"}, testLogger(t))
+		DefaultSubnet: subnet, IPAMDataDir: "/x/ipam", Masquerade: noMasq}, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
