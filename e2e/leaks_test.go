@@ -406,6 +406,10 @@ func TestE2EChaosLeakAccounting(t *testing.T) {
 	before := e.leakSnapshot(t)
 	t.Logf("baseline: %v", before)
 	pod := e.podConfig("counted")
+	// A host port: the portmap plugin's DNAT rules for it are the pod's own iptables
+	// rules (crisp masquerades the whole subnet with one rule, so a pod without ports
+	// adds none).
+	pod.PortMappings = []*cri.PortMapping{{Protocol: cri.Protocol_TCP, ContainerPort: 8080, HostPort: 30000 + int32(time.Now().UnixNano()%20000)}}
 	podID := e.runPod(ctx, pod)
 	ctr := e.runCtr(ctx, podID, pod, ctrConfig("counted", img, "sleep", "1000"))
 	if resp, err := e.execSync(ctx, ctr, 10, "echo", "hi"); err != nil || string(resp.Stdout) != "hi\n" {
