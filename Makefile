@@ -98,7 +98,7 @@ chaos: deps
 	CGO_ENABLED=1 $(GO) test -tags '$(TAGS)' -count=1 -p 1 -run 'TestE2EChaos' -v -timeout 60m ./e2e/ \
 		-args -chaos.scale=$(CHAOS_SCALE) $(CHAOSFLAGS)
 
-# bench compares crisp with Debian's containerd 1.6 on this machine (root; ~6 min):
+# bench compares crisp with Debian's containerd 1.6 on this machine (root; ~9 min):
 # both runtimes get their own dirs under /run/crisp-bench, the same images from a
 # registry inside the benchmark, the same CNI plugins and the same CRI requests.
 # BENCHFLAGS passes flags, e.g. BENCHFLAGS='-cycles 20 -churn 20s -only crisp';
