@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,15 +40,6 @@ const eventsFlushTimeout = 2 * time.Second
 // to close their connections before it closes them.
 const hangupGrace = 100 * time.Millisecond
 
-// shimGCPercent is the serving shim's GOGC unless the environment sets one. A shim's
-// live heap is well under a MiB, so the default (a goal of at least 4 MiB) lets each
-// burst of execs grow the heap and the runtime's metadata for it before the first
-// collection: measured over 1,000 ExecSyncs, shim PSS grew 5.2 % from the 100th exec
-// to the last with the default and 0.9 % with 25, at no visible cost (the heap is
-// small, so a collection is quick). Helpers keep the default: they live for
-// milliseconds.
-const shimGCPercent = 25
-
 // Serve runs the shim's ttrpc server on the socket inherited as fd 3 until
 // ShutdownSandbox or SIGTERM/SIGINT.
 func Serve(ctx context.Context, f Flags, log *slog.Logger) error {
@@ -66,9 +56,6 @@ func Serve(ctx context.Context, f Flags, log *slog.Logger) error {
 	}
 	socketPath := l.Addr().String()
 	log = log.With("id", f.ID, "namespace", f.Namespace)
-	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(shimGCPercent)
-	}
 
 	if err := reaper.SetSubreaper(); err != nil {
 		l.Close()
