@@ -123,8 +123,12 @@ func TestTaskShimFootprint(t *testing.T) {
 	// The first execs warm the runtime up (its GC bitmaps and span metadata fill
 	// pages it had only reserved, and the heap cycles up to its goal once), so the
 	// bound is between the halves: a leak grows the second as much as the first.
-	if float64(last.anon) > float64(half.anon)*1.05 {
-		t.Errorf("shim anonymous memory grew from %d KiB after %d execs to %d KiB after %d (> 5 %%)", half.anon, n/2, last.anon, n)
+	// With the default GOGC the heap's goal alone moves the second half by up to
+	// ~480 KiB (seen in CI), so the slack is absolute: a shim keeping 8 KiB per exec
+	// (1.6 MiB over 200) fails, noise does not. TestE2ESoak is the finer check.
+	const slackKiB = 768
+	if last.anon > half.anon+slackKiB {
+		t.Errorf("shim anonymous memory grew from %d KiB after %d execs to %d KiB after %d (> %d KiB)", half.anon, n/2, last.anon, n, slackKiB)
 	}
 	p.delete(t, c.id)
 	assertGone(t, c)
