@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/crisp-runtime/crisp/proc"
 )
 
 // Mem is one process's memory in KiB, from /proc/PID/smaps_rollup.
@@ -137,19 +139,9 @@ func CPUTime(pid int) (time.Duration, error) {
 }
 
 func parseCPUTime(stat []byte) (time.Duration, error) {
-	i := bytes.LastIndexByte(stat, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("malformed stat %q", stat)
+	st, err := proc.ParseStat(stat)
+	if err != nil {
+		return 0, err
 	}
-	// After the command: state (field 3) ... utime (14), stime (15).
-	f := strings.Fields(string(stat[i+1:]))
-	if len(f) < 13 {
-		return 0, fmt.Errorf("malformed stat %q", stat)
-	}
-	utime, err1 := strconv.ParseUint(f[11], 10, 64)
-	stime, err2 := strconv.ParseUint(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("malformed stat %q", stat)
-	}
-	return time.Duration(utime+stime) * time.Second / userHZ, nil
+	return time.Duration(st.UTime+st.STime) * time.Second / userHZ, nil
 }

@@ -19,6 +19,9 @@ type Stat struct {
 	StartTime uint64
 	// Flags are the kernel's per-process flags (PF_*, field 9).
 	Flags uint64
+	// UTime and STime are the CPU time the process has used in user and kernel mode,
+	// in clock ticks (USER_HZ: 100 a second on every Linux ABI).
+	UTime, STime uint64
 }
 
 // pfExiting is the kernel's PF_EXITING: the process is in exit and never runs user
@@ -59,20 +62,24 @@ func ParseStat(data []byte) (Stat, error) {
 		return Stat{}, errors.New("malformed stat: no comm field")
 	}
 	fields := strings.Fields(string(data[i+2:]))
-	// fields[0] is field 3 (state); flags is field 9, starttime field 22.
-	const flagsIdx, startTimeIdx = 9 - 3, 22 - 3
+	// fields[0] is field 3 (state); flags is field 9, utime 14, stime 15, starttime 22.
+	const flagsIdx, uTimeIdx, sTimeIdx, startTimeIdx = 9 - 3, 14 - 3, 15 - 3, 22 - 3
 	if len(fields) <= startTimeIdx || len(fields[0]) != 1 {
 		return Stat{}, fmt.Errorf("malformed stat: %d fields after comm", len(fields))
 	}
-	start, err := strconv.ParseUint(fields[startTimeIdx], 10, 64)
-	if err != nil {
-		return Stat{}, fmt.Errorf("malformed stat: starttime %q: %w", fields[startTimeIdx], err)
+	st := Stat{State: fields[0][0]}
+	for _, f := range []struct {
+		name string
+		idx  int
+		dst  *uint64
+	}{{"flags", flagsIdx, &st.Flags}, {"utime", uTimeIdx, &st.UTime}, {"stime", sTimeIdx, &st.STime}, {"starttime", startTimeIdx, &st.StartTime}} {
+		v, err := strconv.ParseUint(fields[f.idx], 10, 64)
+		if err != nil {
+			return Stat{}, fmt.Errorf("malformed stat: %s %q: %w", f.name, fields[f.idx], err)
+		}
+		*f.dst = v
 	}
-	flags, err := strconv.ParseUint(fields[flagsIdx], 10, 64)
-	if err != nil {
-		return Stat{}, fmt.Errorf("malformed stat: flags %q: %w", fields[flagsIdx], err)
-	}
-	return Stat{State: fields[0][0], StartTime: start, Flags: flags}, nil
+	return st, nil
 }
 
 // Alive reports whether pid still names the process that had startTime and has not
