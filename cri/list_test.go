@@ -10,16 +10,28 @@ import (
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-func BenchmarkListContainers200(b *testing.B) {
+// listBenchService returns a service holding n running containers, two a pod; with
+// kubelet, their labels and annotations are the ones kubelet sets.
+func listBenchService(n int, kubelet bool) *Service {
 	h := func(s string) string { return fmt.Sprintf("%x", sha256.Sum256([]byte(s))) }
 	s := &Service{containers: map[string]*container{}}
-	for i := range 200 {
+	for i := range n {
 		id := h(fmt.Sprint("c", i))
+		cfg := &runtime.ContainerConfig{Metadata: &runtime.ContainerMetadata{Name: "sleep"}, Image: &runtime.ImageSpec{Image: "127.0.0.1:40000/busybox:bench"}}
+		if kubelet {
+			cfg.Labels = map[string]string{"io.kubernetes.pod.name": "pod-" + fmt.Sprint(i), "io.kubernetes.pod.namespace": "default", "io.kubernetes.pod.uid": h(fmt.Sprint(i))[:36], "io.kubernetes.container.name": "sleep"}
+			cfg.Annotations = map[string]string{"io.kubernetes.container.hash": "abcdef", "io.kubernetes.container.restartCount": "0", "io.kubernetes.container.terminationMessagePath": "/dev/termination-log"}
+		}
 		s.containers[id] = &container{
 			rec:    containerRecord{ID: id, PodID: h(fmt.Sprint("p", i/2)), ImageID: "sha256:" + h("img"), ImageRef: "127.0.0.1:40000/busybox@sha256:" + h("img"), State: stateRunning, CreatedAt: time.Now().UnixNano()},
-			config: &runtime.ContainerConfig{Metadata: &runtime.ContainerMetadata{Name: "sleep"}, Image: &runtime.ImageSpec{Image: "127.0.0.1:40000/busybox:bench"}},
+			config: cfg,
 		}
 	}
+	return s
+}
+
+func BenchmarkListContainers200(b *testing.B) {
+	s := listBenchService(200, false)
 	b.Run("handler", func(b *testing.B) {
 		for b.Loop() {
 			s.listContainers(nil)

@@ -2,12 +2,9 @@ package cri
 
 import (
 	"context"
-	"crypto/sha256"
-	"fmt"
 	"net"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -18,15 +15,7 @@ import (
 // annotations through a real gRPC server and client on a unix socket: what a list costs
 // end to end, client decoding included.
 func BenchmarkListGRPC(b *testing.B) {
-	h := func(s string) string { return fmt.Sprintf("%x", sha256.Sum256([]byte(s))) }
-	s := &Service{containers: map[string]*container{}}
-	for i := range 200 {
-		id := h(fmt.Sprint("c", i))
-		s.containers[id] = &container{
-			rec:    containerRecord{ID: id, PodID: h(fmt.Sprint("p", i/2)), ImageID: "sha256:" + h("img"), ImageRef: "127.0.0.1:40000/busybox@sha256:" + h("img"), State: stateRunning, CreatedAt: time.Now().UnixNano()},
-			config: &runtime.ContainerConfig{Metadata: &runtime.ContainerMetadata{Name: "sleep"}, Image: &runtime.ImageSpec{Image: "127.0.0.1:40000/busybox:bench"}, Labels: map[string]string{"io.kubernetes.pod.name": "pod-" + fmt.Sprint(i), "io.kubernetes.pod.namespace": "default", "io.kubernetes.pod.uid": h(fmt.Sprint(i))[:36], "io.kubernetes.container.name": "sleep"}, Annotations: map[string]string{"io.kubernetes.container.hash": "abcdef", "io.kubernetes.container.restartCount": "0", "io.kubernetes.container.terminationMessagePath": "/dev/termination-log"}},
-		}
-	}
+	s := listBenchService(200, true)
 	sock := filepath.Join(b.TempDir(), "s")
 	lis, err := net.Listen("unix", sock)
 	if err != nil {
