@@ -108,7 +108,7 @@ func New() *Metrics {
 		}),
 		podStartPhase: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "pod_start_phase_duration_seconds",
-			Help:    "Time of each part of a successful pod start: netns, cni (ADD, concurrent with the shim), shim_start (shim bootstrap), sandbox_start (CreateSandbox+StartSandbox in the shim).",
+			Help:    "Time of each part of a successful pod start: netns, cni (ADD, concurrent with the shim), shim_start (shim bootstrap; ~0 when a warm spare is adopted), sandbox_start (create_sandbox + start_sandbox in the shim), pod_files.",
 			Buckets: fastBuckets,
 		}, []string{"phase"}),
 		ctrCreate: prometheus.NewHistogram(prometheus.HistogramOpts{
