@@ -46,8 +46,8 @@ const (
 const (
 	CreatePhaseSnapshot   = "snapshot"    // the writable layer prepared
 	CreatePhaseUser       = "user_lookup" // the image's user resolved in its rootfs
-	CreatePhaseSpec       = "spec"        // the OCI spec built and written to the bundle
-	CreatePhaseTaskCreate = "task_create" // the shim's task Create
+	CreatePhaseSpec       = "spec"        // the OCI spec built
+	CreatePhaseTaskCreate = "task_create" // the bundle written and the shim's task Create
 )
 
 // CNI operations (label operation of crisp_cni_operation_duration_seconds).
