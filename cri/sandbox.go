@@ -2,8 +2,6 @@ package cri
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 
 	"fmt"
@@ -30,11 +28,8 @@ var errNotFound = errdefs.ErrNotFound
 // to what it may set.
 const pauseOOMScoreAdj = -998
 
-func newID() string {
-	var b [32]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
+// newID returns a fresh random id, as pod ids are made (64 hex digits).
+func newID() string { return controller.NewID() }
 
 func (s *Service) podDir(id string) string { return filepath.Join(s.cfg.RootDir, "pods", id) }
 
