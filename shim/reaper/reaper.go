@@ -143,6 +143,12 @@ func (r *Reaper) Run(ctx context.Context) {
 	signal.Notify(sigs, unix.SIGCHLD)
 	defer signal.Stop(sigs)
 	for {
+		// A stopped reaper must not reap: select picks at random among ready cases, so
+		// a SIGCHLD arriving after ctx ended could otherwise start one more round and
+		// take a child's status from whoever reaps after it.
+		if ctx.Err() != nil {
+			return
+		}
 		r.reapAll()
 		select {
 		case <-ctx.Done():
