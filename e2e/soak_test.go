@@ -18,14 +18,14 @@ import (
 // after the warm-up (the shim's memory grows for its first ~100 execs, criserver's
 // for its first ~50 pod cycles, then stays flat). With GOGC=20 (see the test) the
 // growth measured without a leak was -112..+144 KiB for the shim's USS (100 to 400
-// execs) and -96..+96 KiB for criserver's anonymous memory (40 to 200 cycles); the
+// execs; once +412 KiB in CI, so its slack is 768 KiB) and -96..+96 KiB for criserver's anonymous memory (40 to 200 cycles); the
 // slack is well above that and well below what a leak of 4 KiB per exec (1.2 MiB)
 // or 8 KiB per pod cycle (1.3 MiB) adds.
 const (
 	soakExecsFirst = 100
 	soakExecs      = 400
 	// soakShimSlackKiB bounds the growth of the shim's private memory (USS).
-	soakShimSlackKiB = 384
+	soakShimSlackKiB = 768
 
 	soakCyclesFirst = 40
 	soakCycles      = 200
