@@ -148,6 +148,30 @@ type Runtime struct {
 	// RunPodSandbox. A table that leaves it out gets true: every handler's shim serves
 	// the sandbox API, which is what a spare is started for.
 	WarmSpare bool `toml:"warm_spare" comment:"keep one idle shim started for the handler's next pod: takes the shim start off RunPodSandbox for one idle shim's memory"`
+	// SandboxMode says what the shim serves: "sandbox" (the Sandbox API, as crisp's own
+	// shim does) or "task" (only the task API, as containerd-shim-runc-v2, gVisor's and
+	// Kata's shims do: crisp then runs the pod's sandbox as a pause container through
+	// the task API, as containerd's podsandbox does).
+	SandboxMode string `toml:"sandbox_mode,omitempty" comment:"sandbox: the shim serves the Sandbox API (crisp's own); task: a task-only shim (containerd-shim-runc-v2, runsc, kata)"`
+	// Options are the shim's runtime options, sent with every task Create as containerd
+	// sends them: a runc shim gets containerd.runc.v1.Options (BinaryName, Root,
+	// SystemdCgroup, ...), any other shim runtimeoptions.v1.Options (TypeUrl,
+	// ConfigPath, ConfigBody). Only for sandbox_mode "task".
+	Options map[string]any `toml:"options,omitempty" comment:"runtime options of a task-only shim (runc: BinaryName, Root, SystemdCgroup, ...; others: TypeUrl, ConfigPath, ConfigBody)"`
+}
+
+// Sandbox modes of a runtime handler.
+const (
+	SandboxModeSandbox = "sandbox"
+	SandboxModeTask    = "task"
+)
+
+// Mode is the handler's sandbox mode, "sandbox" when unset.
+func (r Runtime) Mode() string {
+	if r.SandboxMode == "" {
+		return SandboxModeSandbox
+	}
+	return r.SandboxMode
 }
 
 // Default returns the settings criserver runs with when no file is given.
@@ -220,10 +244,11 @@ func Load(path string) (Config, error) {
 		return Config{}, fmt.Errorf("parse config %s: %w", path, err)
 	}
 	// warm_spare defaults to true in every table the file gives, not only in the
-	// default one it replaces.
+	// default one it replaces; a task-only shim has no sandbox to keep warm, so its
+	// default is false.
 	for name, v := range probe.Runtimes {
 		if t, ok := v.(map[string]any); ok {
-			if _, set := t["warm_spare"]; !set {
+			if _, set := t["warm_spare"]; !set && cfg.Runtimes[name].Mode() == SandboxModeSandbox {
 				r := cfg.Runtimes[name]
 				r.WarmSpare = true
 				cfg.Runtimes[name] = r
@@ -268,6 +293,18 @@ func (c Config) Validate() error {
 	for name, r := range c.Runtimes {
 		if r.Shim == "" {
 			return fmt.Errorf("runtimes.%s.shim is empty", name)
+		}
+		switch r.Mode() {
+		case SandboxModeSandbox:
+			if len(r.Options) > 0 {
+				return fmt.Errorf("runtimes.%s.options is only for sandbox_mode = %q (crisp's own shim takes none)", name, SandboxModeTask)
+			}
+		case SandboxModeTask:
+			if r.WarmSpare {
+				return fmt.Errorf("runtimes.%s.warm_spare is only for sandbox_mode = %q: a task-only shim is started for its pod", name, SandboxModeSandbox)
+			}
+		default:
+			return fmt.Errorf("runtimes.%s.sandbox_mode must be %q or %q, got %q", name, SandboxModeSandbox, SandboxModeTask, r.SandboxMode)
 		}
 	}
 	if c.Registry.MaxConcurrentDownloads <= 0 {

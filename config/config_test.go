@@ -3,6 +3,7 @@ package config
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -24,7 +25,7 @@ func TestDefaultRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatalf("load printed defaults: %v\n%s", err, data)
 	}
-	if got.Socket != def.Socket || got.RootDir != def.RootDir || got.Runtimes["runc"] != def.Runtimes["runc"] || got.CNI.DefaultSubnet != def.CNI.DefaultSubnet ||
+	if got.Socket != def.Socket || got.RootDir != def.RootDir || !reflect.DeepEqual(got.Runtimes["runc"], def.Runtimes["runc"]) || got.CNI.DefaultSubnet != def.CNI.DefaultSubnet ||
 		got.Image.MinFreeBytes != def.Image.MinFreeBytes || got.Image.MinFreePercent != def.Image.MinFreePercent {
 		t.Fatalf("round trip changed config: %+v", got)
 	}
@@ -67,6 +68,18 @@ func TestLoad(t *testing.T) {
 				t.Errorf("warm_spare a, b, c = %v, %v, %v; want true, false, true", c.Runtimes["a"].WarmSpare, c.Runtimes["b"].WarmSpare, c.Runtimes["c"].WarmSpare)
 			}
 		}},
+		{name: "task-only shim with options", file: "[runtimes.runc]\nshim = \"/s\"\n[runtimes.runc-v2]\nshim = \"containerd-shim-runc-v2\"\nsandbox_mode = \"task\"\n[runtimes.runc-v2.options]\nBinaryName = \"/usr/sbin/runc\"\nSystemdCgroup = false\n", check: func(t *testing.T, c Config) {
+			r := c.Runtimes["runc-v2"]
+			if r.Mode() != SandboxModeTask || r.WarmSpare || r.Options["BinaryName"] != "/usr/sbin/runc" || r.Options["SystemdCgroup"] != false {
+				t.Errorf("runtimes.runc-v2 = %+v; want task mode, no warm spare, the options", r)
+			}
+			if c.Runtimes["runc"].Mode() != SandboxModeSandbox || !c.Runtimes["runc"].WarmSpare {
+				t.Errorf("runtimes.runc = %+v; want sandbox mode with a warm spare", c.Runtimes["runc"])
+			}
+		}},
+		{name: "unknown sandbox mode", file: "[runtimes.runc]\nshim = \"/s\"\nsandbox_mode = \"vm\"\n", wantErr: "sandbox_mode"},
+		{name: "warm spare on a task-only shim", file: "[runtimes.runc]\nshim = \"/s\"\nsandbox_mode = \"task\"\nwarm_spare = true\n", wantErr: "warm_spare is only for"},
+		{name: "options on a sandbox shim", file: "[runtimes.runc]\nshim = \"/s\"\n[runtimes.runc.options]\nRoot = \"/r\"\n", wantErr: "options is only for"},
 		{name: "warm spare not a bool", file: "[runtimes.runc]\nshim = \"/s\"\nwarm_spare = \"yes\"\n", wantErr: "warm_spare"},
 		{name: "cdi spec dirs default", file: "", check: func(t *testing.T, c Config) {
 			if strings.Join(c.CDI.SpecDirs, ",") != "/etc/cdi,/var/run/cdi" {

@@ -8,6 +8,7 @@ import (
 
 	taskapi "github.com/containerd/containerd/api/runtime/task/v3"
 	runcoptions "github.com/containerd/containerd/api/types/runc/options"
+	"github.com/containerd/errdefs"
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
@@ -25,9 +26,12 @@ type CheckpointSpec struct {
 // CheckpointContainer has the pod's shim dump a running container with CRIU. The
 // options are containerd's runc CheckpointOptions, which any runc-style shim reads.
 func (c *Controller) CheckpointContainer(ctx context.Context, cs CheckpointSpec) error {
-	tc, _, err := c.task(cs.SandboxID)
+	tc, sb, err := c.task(cs.SandboxID)
 	if err != nil {
 		return err
+	}
+	if sb.isTaskOnly() {
+		return fmt.Errorf("checkpoint container %s: pod %s runs on task-only shim %s, and crisp checkpoints only with its own shim: %w", cs.ID, cs.SandboxID, sb.rec.Shim, errdefs.ErrNotImplemented)
 	}
 	opts, err := anypb.New(&runcoptions.CheckpointOptions{Exit: cs.Exit, ImagePath: cs.ImagesDir, WorkPath: cs.WorkDir})
 	if err != nil {

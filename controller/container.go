@@ -21,6 +21,7 @@ import (
 	options "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/api/shimapi"
 	"github.com/crisp-runtime/crisp/mount"
+	"github.com/crisp-runtime/crisp/shim/crilog"
 )
 
 // Type URLs containerd's typeurl gives OCI types, so any task-API shim understands ours.
@@ -85,9 +86,13 @@ func (c *Controller) liveShim(sandboxID string) (*sandbox, *ttrpc.Client, error)
 
 // CreateContainer writes the container's bundle and has the pod's shim create it.
 func (c *Controller) CreateContainer(ctx context.Context, cs ContainerSpec) (_ uint32, retErr error) {
-	tc, _, err := c.task(cs.SandboxID)
+	tc, sb, err := c.task(cs.SandboxID)
 	if err != nil {
 		return 0, err
+	}
+	taskOnly := sb.isTaskOnly()
+	if taskOnly && cs.Checkpoint != "" {
+		return 0, fmt.Errorf("restore of container %s: pod %s runs on task-only shim %s, and crisp restores checkpoints only with its own shim: %w", cs.ID, cs.SandboxID, sb.rec.Shim, errdefs.ErrNotImplemented)
 	}
 	bundle := c.opts.containerBundle(cs.ID)
 	if err := os.MkdirAll(bundle, 0o711); err != nil {
@@ -106,6 +111,9 @@ func (c *Controller) CreateContainer(ctx context.Context, cs ContainerSpec) (_ u
 	if err := os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600); err != nil {
 		return 0, fmt.Errorf("write spec of container %s: %w", cs.ID, err)
 	}
+	if taskOnly {
+		return c.createTaskOnly(ctx, tc, sb, cs, bundle)
+	}
 	opts, err := anypb.New(&options.ContainerOptions{LogPath: cs.LogPath, SandboxId: cs.SandboxID})
 	if err != nil {
 		return 0, err
@@ -119,6 +127,11 @@ func (c *Controller) CreateContainer(ctx context.Context, cs ContainerSpec) (_ u
 		// A marker, not a path: the shim opens a stdin pipe it feeds from attaches.
 		req.Stdin = "stdin"
 	}
+	return c.createTask(ctx, tc, cs, req)
+}
+
+// createTask sends the create request with the container's rootfs mounts.
+func (c *Controller) createTask(ctx context.Context, tc taskapi.TTRPCTaskService, cs ContainerSpec, req *taskapi.CreateTaskRequest) (uint32, error) {
 	for _, m := range cs.Rootfs {
 		req.Rootfs = append(req.Rootfs, &types.Mount{Type: m.Type, Source: m.Source, Options: m.Options})
 	}
@@ -172,6 +185,11 @@ func (c *Controller) wait(ctx context.Context, sandboxID, id, execID string) (Co
 	resp, err := tc.Wait(ctx, &taskapi.WaitRequest{ID: id, ExecID: execID})
 	if err != nil {
 		return ContainerState{}, fmt.Errorf("wait for container %s: %w", id, fromShim(err))
+	}
+	if t := c.taskIO(id); t != nil && execID == "" && !t.wait(ioDrainTimeout) {
+		// The exit is reported anyway: a child that inherited the output keeps the
+		// FIFOs open, and its output still reaches the log.
+		c.log.Debug("container output still open after its exit", "container", id)
 	}
 	st := ContainerState{Status: "stopped", ExitStatus: resp.GetExitStatus()}
 	if t := resp.GetExitedAt(); t != nil {
@@ -228,6 +246,7 @@ func (c *Controller) DeleteContainer(ctx context.Context, sandboxID, id string) 
 	default:
 		return err
 	}
+	c.dropTaskIO(id)
 	if err := os.RemoveAll(c.opts.containerBundle(id)); err != nil {
 		return fmt.Errorf("remove bundle of container %s: %w", id, err)
 	}
@@ -325,8 +344,18 @@ func (c *Controller) shimClient(sandboxID string) (shimapi.Service, error) {
 	return shimapi.NewClient(client), nil
 }
 
-// ReopenContainerLog has the shim reopen a container's log file.
+// ReopenContainerLog has the shim reopen a container's log file (criserver reopens
+// it itself for a task-only shim's container).
 func (c *Controller) ReopenContainerLog(ctx context.Context, sandboxID, id string) error {
+	if t := c.taskIO(id); t != nil {
+		if err := t.reopen(); err != nil {
+			if errors.Is(err, crilog.ErrClosed) {
+				return fmt.Errorf("reopen log of container %s: the container is not running: %w", id, errdefs.ErrFailedPrecondition)
+			}
+			return fmt.Errorf("reopen log of container %s: %w", id, err)
+		}
+		return nil
+	}
 	client, err := c.shimClient(sandboxID)
 	if err != nil {
 		return err
@@ -337,8 +366,17 @@ func (c *Controller) ReopenContainerLog(ctx context.Context, sandboxID, id strin
 	return nil
 }
 
-// OOMKilled reports whether the container's cgroup saw an OOM kill.
+// OOMKilled reports whether the container's cgroup saw an OOM kill. A task-only shim
+// is asked for the cgroup's oom_kill counter (task Stats), which it can read until
+// the container is deleted.
 func (c *Controller) OOMKilled(ctx context.Context, sandboxID, id string) (bool, error) {
+	if c.isTaskOnly(sandboxID) {
+		m, err := c.ContainerMetrics(ctx, sandboxID, id)
+		if err != nil {
+			return false, err
+		}
+		return m.OOMKills > 0, nil
+	}
 	client, err := c.shimClient(sandboxID)
 	if err != nil {
 		return false, err

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	sandboxapi "github.com/containerd/containerd/api/runtime/sandbox/v1"
+	taskapi "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/ttrpc"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -53,6 +54,9 @@ type Options struct {
 	Address string
 	// Metrics records pod start phases, dead shims and recoveries; nil records nothing.
 	Metrics *metrics.Metrics
+	// PauseBinary is the static binary mounted as the pause container of pods on
+	// task-only shims; empty finds shim-runc next to criserver or on PATH.
+	PauseBinary string
 }
 
 // Spec is what the controller needs to run a pod.
@@ -67,6 +71,9 @@ type Spec struct {
 	PortMappings []network.PortMapping
 	Annotations  map[string]string
 	CgroupParent string
+	// PauseCgroupsPath is the OCI cgroupsPath of the pod's pause container, used when
+	// a task-only shim runs the pod.
+	PauseCgroupsPath string
 }
 
 // Status is a sandbox as the controller knows it.
@@ -86,23 +93,27 @@ type Status struct {
 
 // record is the persisted part of a sandbox.
 type record struct {
-	ID            string        `json:"id"`
-	Phase         string        `json:"phase"`
-	Handler       string        `json:"handler"`
-	Shim          string        `json:"shim"`
-	Namespace     string        `json:"namespace"`
-	Bundle        string        `json:"bundle"`
-	Address       string        `json:"address,omitempty"`
-	NetNS         string        `json:"netns,omitempty"`
-	HostNetwork   bool          `json:"host_network"`
-	Pod           network.Pod   `json:"pod"`
-	IP            string        `json:"ip,omitempty"`
-	AdditionalIPs []string      `json:"additional_ips,omitempty"`
-	Pid           uint32        `json:"pid,omitempty"`
-	CreatedAt     time.Time     `json:"created_at"`
-	ExitedAt      time.Time     `json:"exited_at,omitzero"`
-	NetworkDone   bool          `json:"network_done"`
-	StopTimeout   time.Duration `json:"-"`
+	ID            string      `json:"id"`
+	Phase         string      `json:"phase"`
+	Handler       string      `json:"handler"`
+	Shim          string      `json:"shim"`
+	Namespace     string      `json:"namespace"`
+	Bundle        string      `json:"bundle"`
+	Address       string      `json:"address,omitempty"`
+	NetNS         string      `json:"netns,omitempty"`
+	HostNetwork   bool        `json:"host_network"`
+	Pod           network.Pod `json:"pod"`
+	IP            string      `json:"ip,omitempty"`
+	AdditionalIPs []string    `json:"additional_ips,omitempty"`
+	Pid           uint32      `json:"pid,omitempty"`
+	CreatedAt     time.Time   `json:"created_at"`
+	ExitedAt      time.Time   `json:"exited_at,omitzero"`
+	NetworkDone   bool        `json:"network_done"`
+	// Mode is the handler's sandbox_mode when the pod was made ("" = sandbox), and
+	// TaskAPI the task API version its shim's start answered (2 or 3).
+	Mode        string        `json:"mode,omitempty"`
+	TaskAPI     int           `json:"task_api,omitempty"`
+	StopTimeout time.Duration `json:"-"`
 }
 
 // sandbox is a live sandbox: its record plus the connection to its shim.
@@ -129,6 +140,8 @@ type sandbox struct {
 	reaped   chan struct{}
 	reapErr  error
 	reapedAt time.Time
+	// shimLog is criserver's read end of a task-only shim's log FIFO.
+	shimLog *os.File
 }
 
 func newSandbox(rec record) *sandbox {
@@ -148,6 +161,11 @@ type Controller struct {
 
 	// spares are the warm spare shims (see spare.go).
 	spares *spareSet
+	// taskOpts are the runtime options of each task-only handler (see taskspec.go).
+	taskOpts map[string]*anypb.Any
+	// ios copy the output of task-only shims' containers, by container id (taskio.go).
+	iosMu sync.Mutex
+	ios   map[string]*taskIO
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
@@ -170,9 +188,27 @@ func New(opts Options, st *store.Store, net *network.Manager, log *slog.Logger) 
 			return nil, fmt.Errorf("create %s: %w", dir, err)
 		}
 	}
+	taskOpts := map[string]*anypb.Any{}
+	for name, rt := range opts.Runtimes {
+		if rt.Mode() != config.SandboxModeTask {
+			continue
+		}
+		a, err := runtimeOptions(name, rt, opts.StateDir, opts.SystemdCgroup)
+		if err != nil {
+			return nil, err
+		}
+		taskOpts[name] = a
+		if opts.PauseBinary == "" {
+			p, err := ResolveShim("shim-runc")
+			if err != nil {
+				return nil, fmt.Errorf("runtimes.%s: the pause container of a task-only shim runs crisp's shim-runc: %w", name, err)
+			}
+			opts.PauseBinary = p
+		}
+	}
 	bg, stop := context.WithCancel(context.Background())
 	c := &Controller{opts: opts, store: st, net: net, log: log, bg: bg, stopBG: stop, sandboxes: map[string]*sandbox{},
-		exits: make(chan string, sandboxExitBuffer), spares: newSpareSet(opts.Runtimes)}
+		exits: make(chan string, sandboxExitBuffer), spares: newSpareSet(opts.Runtimes), taskOpts: taskOpts, ios: map[string]*taskIO{}}
 	opts.Metrics.WatchShims(c.liveShims)
 	return c, nil
 }
@@ -232,7 +268,15 @@ func (c *Controller) Create(ctx context.Context, spec Spec) (_ *Status, retErr e
 	if ns == "" {
 		ns = "k8s.io"
 	}
+	mode := ""
+	if rt.Mode() == config.SandboxModeTask {
+		mode = config.SandboxModeTask
+		if spec.Sandbox.GetUserns() != nil {
+			return nil, fmt.Errorf("runtime handler %q runs a task-only shim: crisp sets up user namespaces only with its own shim: %w", spec.Handler, errdefs.ErrInvalidArgument)
+		}
+	}
 	rec := record{
+		Mode:        mode,
 		ID:          spec.ID,
 		Phase:       phaseCreating,
 		Handler:     spec.Handler,
@@ -263,7 +307,7 @@ func (c *Controller) Create(ctx context.Context, spec Spec) (_ *Status, retErr e
 		defer c.adopted(spec.Handler)
 		sb = sp.sb
 		sb.mu.Lock()
-		rec.Shim, rec.Namespace, rec.Address = sb.rec.Shim, sb.rec.Namespace, sb.rec.Address
+		rec.Shim, rec.Namespace, rec.Address, rec.TaskAPI = sb.rec.Shim, sb.rec.Namespace, sb.rec.Address, sb.rec.TaskAPI
 		sb.rec = rec
 		sb.mu.Unlock()
 	} else {
@@ -408,12 +452,22 @@ func (c *Controller) startShim(ctx context.Context, sb *sandbox, spec Spec, adop
 	sctx, cancel := context.WithTimeout(ctx, c.opts.ShimStartTimeout)
 	defer cancel()
 	t0 := time.Now()
+	if sb.isTaskOnly() {
+		// The shim reads the pause container's spec at start (containerd's runc shim
+		// groups by its annotations), and wants its log FIFO.
+		if err := c.writePauseBundle(sb, spec); err != nil {
+			return err
+		}
+		if err := c.openShimLog(sb, true); err != nil {
+			return fmt.Errorf("start shim for pod %s: %w", spec.ID, err)
+		}
+	}
 	if !adopted {
-		addr, err := c.call(&sb.rec).start(sctx)
+		addr, version, err := c.call(&sb.rec).start(sctx)
 		if err != nil {
 			return fmt.Errorf("start shim for pod %s: %w", spec.ID, err)
 		}
-		sb.rec.Address = addr
+		sb.rec.Address, sb.rec.TaskAPI = addr, version
 	}
 	defer func(t1 time.Time) {
 		c.log.Debug("shim started", "pod", spec.ID, "warm_spare", adopted, "bootstrap", t1.Sub(t0), "create_start", time.Since(t1))
@@ -425,6 +479,11 @@ func (c *Controller) startShim(ctx context.Context, sb *sandbox, spec Spec, adop
 	if !adopted {
 		if err := c.connect(sctx, sb); err != nil {
 			return fmt.Errorf("connect to shim of pod %s: %w", spec.ID, err)
+		}
+	}
+	if sb.isTaskOnly() {
+		if err := raisePauseOOMScore(sb.rec.Bundle, sb.shimPid); err != nil {
+			return fmt.Errorf("pause container of pod %s: %w", spec.ID, err)
 		}
 	}
 	opts := spec.Sandbox
@@ -470,9 +529,14 @@ func (c *Controller) startShim(ctx context.Context, sb *sandbox, spec Spec, adop
 	return nil
 }
 
-// connect dials the shim of sb and records its pid.
+// connect dials the shim of sb and records its pid. A task-only shim's sandbox API is
+// crisp's own taskSandbox on top of its task API.
 func (c *Controller) connect(ctx context.Context, sb *sandbox) error {
-	client, err := dialShim(ctx, sb.rec.Address, func() {
+	var copts []ttrpc.ClientOpts
+	if sb.rec.TaskAPI == 2 {
+		copts = append(copts, ttrpc.WithUnaryClientInterceptor(taskV2))
+	}
+	client, err := dialShim(ctx, sb.rec.Address, copts, func() {
 		sb.mu.Lock()
 		// Close and teardown drop the client first: a close with it still set is
 		// the shim going away on its own.
@@ -487,6 +551,13 @@ func (c *Controller) connect(ctx context.Context, sb *sandbox) error {
 	sb.mu.Lock()
 	sb.client = client
 	sb.svc = sandboxapi.NewTTRPCSandboxClient(client)
+	if sb.isTaskOnly() {
+		tc := taskapi.NewTTRPCTaskClient(client)
+		sb.svc = &taskSandbox{tc: tc, opts: c.taskOpts[sb.rec.Handler], created: sb.rec.CreatedAt}
+		if sb.shimPid == 0 {
+			sb.shimPid = taskShimPid(ctx, tc, sb.rec)
+		}
+	}
 	sb.shimDead = false
 	sb.shimPid = readShimPid(sb.rec.Bundle)
 	sb.mu.Unlock()
@@ -658,7 +729,7 @@ func (c *Controller) teardown(ctx context.Context, sb *sandbox, timeout time.Dur
 	} else if err != nil {
 		c.log.Warn("stop during cleanup", "pod", sb.rec.ID, "err", err)
 		// Make sure the pause and the network are gone even so.
-		if _, derr := c.call(&sb.rec).delete(ctx); derr != nil {
+		if derr := c.deleteWithShim(ctx, sb); derr != nil {
 			return errors.Join(err, derr)
 		}
 		if nerr := c.teardownNetwork(ctx, sb); nerr != nil {
@@ -688,6 +759,7 @@ func (c *Controller) teardown(ctx context.Context, sb *sandbox, timeout time.Dur
 	if client != nil {
 		client.Close()
 	}
+	defer sb.closeShimLog()
 	if pid > 0 && !waitGone(pid, 5*time.Second) {
 		c.log.Warn("shim did not exit after shutdown; killing it", "pod", sb.rec.ID, "pid", pid)
 		_ = syscall.Kill(pid, syscall.SIGKILL)

@@ -110,13 +110,22 @@ func (c *Controller) cleanDeadShim(ctx context.Context, sb *sandbox) error {
 	if done {
 		return nil
 	}
-	if _, err := c.call(&sb.rec).delete(ctx); err != nil {
+	if err := c.deleteWithShim(ctx, sb); err != nil {
 		return fmt.Errorf("clean up after dead shim of pod %s: %w", sb.rec.ID, err)
 	}
 	sb.mu.Lock()
 	sb.cleaned = true
 	sb.mu.Unlock()
 	return nil
+}
+
+// deleteWithShim runs the shim's delete command for everything of sb's pod.
+func (c *Controller) deleteWithShim(ctx context.Context, sb *sandbox) error {
+	if sb.isTaskOnly() {
+		return c.cleanDeadTaskShim(ctx, sb)
+	}
+	_, err := c.call(&sb.rec).delete(ctx)
+	return err
 }
 
 // deadShimExit is the exit of a container whose wait failed with werr: when the pod's

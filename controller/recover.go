@@ -49,8 +49,12 @@ func (c *Controller) Recover(ctx context.Context) ([]string, error) {
 			}
 			if r.Address == "" {
 				// The shim may have started after the last write: it left its address.
-				if data, err := os.ReadFile(filepath.Join(r.Bundle, "shim.address")); err == nil {
-					sb.rec.Address = strings.TrimSpace(string(data))
+				// crisp's shim writes shim.address, containerd's shims address.
+				for _, name := range []string{"shim.address", "address"} {
+					if data, err := os.ReadFile(filepath.Join(r.Bundle, name)); err == nil {
+						sb.rec.Address = strings.TrimSpace(string(data))
+						break
+					}
 				}
 			}
 			if sb.rec.Address != "" {
@@ -84,6 +88,12 @@ func (c *Controller) Recover(ctx context.Context) ([]string, error) {
 		}
 		if r.Phase == phaseReady {
 			c.watch(sb)
+		}
+		if sb.isTaskOnly() {
+			if err := c.openShimLog(sb, false); err != nil {
+				c.log.Warn("shim log of pod not copied", "pod", r.ID, "err", err)
+			}
+			c.recoverTaskIO(ctx, sb)
 		}
 		c.log.Info("reconnected to pod shim", "pod", r.ID, "address", r.Address)
 		c.opts.Metrics.PodRecovered(metrics.RecoveredReconnected)

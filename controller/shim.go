@@ -41,15 +41,16 @@ func (s shimCall) args(action string) []string {
 	return append(args, "-id", s.id, "-bundle", s.bundle, action)
 }
 
-// start runs `shim start` and returns the ttrpc address it printed.
-func (s shimCall) start(ctx context.Context) (string, error) {
+// start runs `shim start` and returns the ttrpc address it printed and the task API
+// version it serves (2 or 3).
+func (s shimCall) start(ctx context.Context) (string, int, error) {
 	params, err := proto.Marshal(&bootstrap.BootstrapParams{
 		InstanceID: s.id,
 		Namespace:  s.namespace,
 		SocketDir:  &s.socketDir,
 	})
 	if err != nil {
-		return "", fmt.Errorf("encode bootstrap params: %w", err)
+		return "", 0, fmt.Errorf("encode bootstrap params: %w", err)
 	}
 	cmd := exec.CommandContext(ctx, s.binary, s.args("start")...)
 	cmd.Dir = s.bundle
@@ -58,24 +59,25 @@ func (s shimCall) start(ctx context.Context) (string, error) {
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("%s start: %w: %s", s.binary, err, strings.TrimSpace(stderr.String()))
+		return "", 0, fmt.Errorf("%s start: %w: %s", s.binary, err, strings.TrimSpace(stderr.String()))
 	}
-	addr, err := parseStartResult(stdout.Bytes())
+	addr, version, err := parseStartResult(stdout.Bytes())
 	if err != nil {
-		return "", fmt.Errorf("%s start: %w", s.binary, err)
+		return "", 0, fmt.Errorf("%s start: %w", s.binary, err)
 	}
-	return addr, nil
+	return addr, version, nil
 }
 
 // parseStartResult accepts the three answers a runtime-v2 shim may give: a protobuf
-// BootstrapResult, the legacy JSON, or a bare address.
-func parseStartResult(out []byte) (string, error) {
+// BootstrapResult, the legacy JSON, or a bare address (task API v2, as containerd
+// reads it). It returns the address and the task API version.
+func parseStartResult(out []byte) (string, int, error) {
 	trimmed := strings.TrimSpace(string(out))
 	switch {
 	case trimmed == "":
-		return "", errors.New("shim printed no address")
+		return "", 0, errors.New("shim printed no address")
 	case strings.HasPrefix(trimmed, "unix://") || strings.HasPrefix(trimmed, "/"):
-		return trimmed, nil
+		return trimmed, 2, nil
 	case strings.HasPrefix(trimmed, "{"):
 		var res struct {
 			Version  int    `json:"version"`
@@ -83,24 +85,37 @@ func parseStartResult(out []byte) (string, error) {
 			Protocol string `json:"protocol"`
 		}
 		if err := json.Unmarshal([]byte(trimmed), &res); err != nil {
-			return "", fmt.Errorf("parse shim start JSON %q: %w", trimmed, err)
+			return "", 0, fmt.Errorf("parse shim start JSON %q: %w", trimmed, err)
 		}
 		if res.Protocol != "" && res.Protocol != "ttrpc" {
-			return "", fmt.Errorf("shim speaks %q; crisp needs ttrpc", res.Protocol)
+			return "", 0, fmt.Errorf("shim speaks %q; crisp needs ttrpc", res.Protocol)
 		}
-		return res.Address, nil
+		return res.Address, taskVersion(res.Version), checkVersion(res.Version)
 	}
 	var res bootstrap.BootstrapResult
 	if err := proto.Unmarshal(out, &res); err != nil || res.GetAddress() == "" {
-		return "", fmt.Errorf("shim start printed neither a BootstrapResult nor an address: %q", trimmed)
+		return "", 0, fmt.Errorf("shim start printed neither a BootstrapResult nor an address: %q", trimmed)
 	}
 	if p := res.GetProtocol(); p != "" && p != "ttrpc" {
-		return "", fmt.Errorf("shim speaks %q; crisp needs ttrpc", p)
+		return "", 0, fmt.Errorf("shim speaks %q; crisp needs ttrpc", p)
 	}
-	if res.GetVersion() > 3 {
-		return "", fmt.Errorf("shim bootstrap version %d is newer than crisp understands (3)", res.GetVersion())
+	return res.GetAddress(), taskVersion(int(res.GetVersion())), checkVersion(int(res.GetVersion()))
+}
+
+// taskVersion is the task API a bootstrap version stands for: 3 serves task v3, all
+// before it task v2.
+func taskVersion(v int) int {
+	if v >= 3 {
+		return 3
 	}
-	return res.GetAddress(), nil
+	return 2
+}
+
+func checkVersion(v int) error {
+	if v > 3 {
+		return fmt.Errorf("shim bootstrap version %d is newer than crisp understands (3)", v)
+	}
+	return nil
 }
 
 // delete runs `shim delete`, the contract's way to clean up after a shim that is gone.
@@ -124,14 +139,14 @@ func (s shimCall) delete(ctx context.Context) (*taskapi.DeleteResponse, error) {
 
 // dialShim connects to a shim's ttrpc socket; onClose runs when the connection drops,
 // which is how the controller learns that a shim died.
-func dialShim(ctx context.Context, address string, onClose func()) (*ttrpc.Client, error) {
+func dialShim(ctx context.Context, address string, opts []ttrpc.ClientOpts, onClose func()) (*ttrpc.Client, error) {
 	path := strings.TrimPrefix(address, "unix://")
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
 		return nil, fmt.Errorf("dial shim %s: %w", address, err)
 	}
-	return ttrpc.NewClient(conn, ttrpc.WithOnClose(onClose)), nil
+	return ttrpc.NewClient(conn, append(opts, ttrpc.WithOnClose(onClose))...), nil
 }
 
 // readShimPid reads the pid the shim wrote into its bundle; 0 when unknown.

@@ -19,33 +19,37 @@ import (
 
 func TestParseStartResult(t *testing.T) {
 	pb, _ := proto.Marshal(&bootstrap.BootstrapResult{Version: 3, Address: "unix:///run/crisp/s/abc", Protocol: "ttrpc"})
+	pb2, _ := proto.Marshal(&bootstrap.BootstrapResult{Version: 2, Address: "unix:///run/crisp/s/v2", Protocol: "ttrpc"})
 	grpcPB, _ := proto.Marshal(&bootstrap.BootstrapResult{Version: 3, Address: "unix:///x", Protocol: "grpc"})
 	future, _ := proto.Marshal(&bootstrap.BootstrapResult{Version: 4, Address: "unix:///x", Protocol: "ttrpc"})
 	cases := []struct {
 		name    string
 		out     []byte
 		want    string
+		version int
 		wantErr string
 	}{
-		{"protobuf", pb, "unix:///run/crisp/s/abc", ""},
-		{"json", []byte(`{"version":3,"address":"unix:///a","protocol":"ttrpc"}`), "unix:///a", ""},
-		{"bare", []byte("unix:///b\n"), "unix:///b", ""},
-		{"empty", nil, "", "no address"},
-		{"grpc protocol", grpcPB, "", "needs ttrpc"},
-		{"future version", future, "", "newer"},
-		{"garbage", []byte("\xff\xfe"), "", "neither"},
+		{"protobuf", pb, "unix:///run/crisp/s/abc", 3, ""},
+		{"protobuf v2", pb2, "unix:///run/crisp/s/v2", 2, ""},
+		{"json", []byte(`{"version":3,"address":"unix:///a","protocol":"ttrpc"}`), "unix:///a", 3, ""},
+		{"json v2", []byte(`{"version":2,"address":"unix:///a"}`), "unix:///a", 2, ""},
+		{"bare", []byte("unix:///b\n"), "unix:///b", 2, ""},
+		{"empty", nil, "", 0, "no address"},
+		{"grpc protocol", grpcPB, "", 0, "needs ttrpc"},
+		{"future version", future, "", 0, "newer"},
+		{"garbage", []byte("\xff\xfe"), "", 0, "neither"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := parseStartResult(tc.out)
+			got, version, err := parseStartResult(tc.out)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want %q", err, tc.wantErr)
 				}
 				return
 			}
-			if err != nil || got != tc.want {
-				t.Fatalf("got %q, %v; want %q", got, err, tc.want)
+			if err != nil || got != tc.want || version != tc.version {
+				t.Fatalf("got %q v%d, %v; want %q v%d", got, version, err, tc.want, tc.version)
 			}
 		})
 	}

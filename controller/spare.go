@@ -386,11 +386,11 @@ func (c *Controller) startSpare(handler string, rt config.Runtime) error {
 	}
 	ctx, cancel := context.WithTimeout(c.bg, c.opts.ShimStartTimeout)
 	defer cancel()
-	addr, err := c.call(&sb.rec).start(ctx)
+	addr, version, err := c.call(&sb.rec).start(ctx)
 	if err != nil {
 		return fail(fmt.Errorf("start shim of warm spare %s: %w", id, err))
 	}
-	sb.rec.Address = addr
+	sb.rec.Address, sb.rec.TaskAPI = addr, version
 	if err := c.connect(ctx, sb); err != nil {
 		return fail(fmt.Errorf("connect to shim of warm spare %s: %w", id, err))
 	}

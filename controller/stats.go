@@ -88,6 +88,9 @@ func (c *Controller) SandboxMetrics(ctx context.Context, id string) (*Metrics, e
 	if ts := resp.GetMetrics().GetTimestamp(); ts != nil {
 		m.Timestamp = ts.AsTime()
 	}
+	if c.isTaskOnly(id) {
+		c.sumMetrics(ctx, id, m)
+	}
 	return m, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	taskapi "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/errdefs"
 
 	options "github.com/crisp-runtime/crisp/api/options/v1"
 )
@@ -38,6 +39,9 @@ func (c *Controller) CloseIO(ctx context.Context, sandboxID, id, execID string) 
 // main process. It returns once the shim has opened them; the attachment lasts until
 // the caller closes its ends or the container exits.
 func (c *Controller) Attach(ctx context.Context, sandboxID, id, stdin, stdout, stderr string) error {
+	if c.isTaskOnly(sandboxID) {
+		return fmt.Errorf("attach to container %s: pod %s runs on a task-only shim, whose output criserver copies to the log only: %w", id, sandboxID, errdefs.ErrNotImplemented)
+	}
 	client, err := c.shimClient(sandboxID)
 	if err != nil {
 		return err

@@ -115,6 +115,11 @@ func (s *Service) RunPodSandbox(ctx context.Context, req *runtime.RunPodSandboxR
 		Annotations:  cfg.GetAnnotations(),
 		CgroupParent: cfg.GetLinux().GetCgroupParent(),
 	}
+	// Only a task-only shim's pod runs its pause as an OCI container; validatePodConfig
+	// already refused a cgroup_parent the driver cannot take.
+	if ctrlSpec.PauseCgroupsPath, err = spec.CgroupsPath(ctrlSpec.CgroupParent, id, s.cfg.CgroupDriver == "systemd"); err != nil {
+		return nil, err
+	}
 	for _, pm := range cfg.GetPortMappings() {
 		ctrlSpec.PortMappings = append(ctrlSpec.PortMappings, network.PortMapping{
 			HostPort:      pm.GetHostPort(),

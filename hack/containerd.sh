@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds containerd 2.4.2 and its runc shim for e2e/containerd_test.go, which runs
-# crisp's shim under containerd 2.x (sandboxer "shim" and "podsandbox") and compares it
-# with containerd's own runc shim.
+# Builds containerd 2.4.2, its runc shim and runc 1.5.2 for e2e/containerd_test.go,
+# which runs crisp's shim under containerd 2.x (sandboxer "shim" and "podsandbox") and
+# compares it with containerd's own runc shim, and for e2e/taskshim_test.go, which runs
+# pods on containerd-shim-runc-v2 as a task-only runtime handler of crisp.
 #
 # Why built: Debian 12 packages containerd 1.6, which has no sandbox API. The binaries
 # come from containerd's Go module through the module proxy (`go install`, no cgo, so
@@ -10,10 +11,13 @@
 # $CONTAINERD_CACHE (default /var/cache/crisp/containerd-v2.4.2); the script does
 # nothing when the cached binaries report the right version. The runc shim also needs a
 # runc binary: Debian's `runc` package. The first build takes ~1.5 minutes on 2 cores (with
-# an empty Go build cache; plus the module downloads).
+# an empty Go build cache; plus the module downloads). runc is built with cgo and the
+# seccomp tag (Debian's libseccomp-dev), as its release binaries are; Debian's runc
+# 1.1.5 stays the binary containerd's own tests use.
 set -euo pipefail
 
 VERSION=2.4.2
+RUNC_VERSION=1.5.2
 CACHE=${CONTAINERD_CACHE:-/var/cache/crisp/containerd-v$VERSION}
 BIN=$CACHE/bin
 PKG=github.com/containerd/containerd/v2
@@ -32,7 +36,8 @@ fi
 have() {
 	[ -x "$BIN/containerd" ] && [ -x "$BIN/containerd-shim-runc-v2" ] &&
 		"$BIN/containerd" --version 2>/dev/null | grep -q " v$VERSION " &&
-		"$BIN/containerd-shim-runc-v2" -v 2>/dev/null | grep -q "v$VERSION"
+		"$BIN/containerd-shim-runc-v2" -v 2>/dev/null | grep -q "v$VERSION" &&
+		[ -x "$BIN/runc" ] && "$BIN/runc" --version 2>/dev/null | grep -q "^runc version $RUNC_VERSION$"
 }
 if have; then
 	exit 0
@@ -50,7 +55,13 @@ GOBIN="$work/bin" CGO_ENABLED=0 GOFLAGS=-buildvcs=false GOTOOLCHAIN=local \
 	tail -50 "$work/build.log" >&2
 	exit 1
 }
-install -m 0755 "$work/bin/containerd" "$work/bin/containerd-shim-runc-v2" "$BIN/"
+GOBIN="$work/bin" CGO_ENABLED=1 GOFLAGS=-buildvcs=false GOTOOLCHAIN=local \
+	go install -trimpath -tags seccomp -ldflags "-s -w -X main.version=$RUNC_VERSION" \
+	"github.com/opencontainers/runc@v$RUNC_VERSION" >"$work/build-runc.log" 2>&1 || {
+	tail -50 "$work/build-runc.log" >&2
+	exit 1
+}
+install -m 0755 "$work/bin/containerd" "$work/bin/containerd-shim-runc-v2" "$work/bin/runc" "$BIN/"
 have || {
 	echo "hack/containerd.sh: built binaries do not report v$VERSION:" >&2
 	"$BIN/containerd" --version >&2 || true

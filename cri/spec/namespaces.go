@@ -21,9 +21,10 @@ const (
 
 var sliceRE = regexp.MustCompile(`^[A-Za-z0-9_.\\-]+\.slice$`)
 
-// cgroupsPath is the container's cgroup: a sibling of the pod's own cgroup under the
-// pod's CRI cgroup_parent (kubelet's pod cgroup), as containerd places containers.
-func cgroupsPath(parent, id string, systemd bool) (string, error) {
+// CgroupsPath is a container's cgroup (the pause container's too, for pods on a
+// task-only shim): a sibling of the pod's own cgroup under the pod's CRI cgroup_parent
+// (kubelet's pod cgroup), as containerd places containers.
+func CgroupsPath(parent, id string, systemd bool) (string, error) {
 	if systemd {
 		if parent == "" {
 			parent = defaultSystemdSlice

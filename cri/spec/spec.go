@@ -239,7 +239,7 @@ func Generate(in Input) (*Result, error) {
 		// spec carries both. The pod's other namespaces are owned by this one.
 		nss = append(nss, specs.LinuxNamespace{Type: specs.UserNamespace, Path: fmt.Sprintf("/proc/%d/ns/user", in.PausePid)})
 	}
-	cgPath, err := cgroupsPath(in.CgroupParent, in.ContainerID, in.SystemdCgroup)
+	cgPath, err := CgroupsPath(in.CgroupParent, in.ContainerID, in.SystemdCgroup)
 	if err != nil {
 		return nil, err
 	}

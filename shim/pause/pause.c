@@ -16,6 +16,8 @@
 
 #define READY_FD 3
 
+// report_and_exit also ends an OCI pause (no READY_FD there): the write fails, the
+// exit status tells.
 static void report_and_exit(const char *msg)
 {
 	size_t len = strlen(msg);
@@ -143,10 +145,24 @@ static void pause_main(void)
 		pause();
 }
 
+// oci_pause_main is the pause process of a pod run by a task-only shim: the binary is
+// the process of an OCI container whose runtime already made its namespaces, hostname
+// and sysctls, and nobody waits on a readiness fd.
+static void oci_pause_main(void)
+{
+	prctl(PR_SET_NAME, "crisp-pause", 0, 0, 0);
+	install_handlers();
+	for (;;)
+		pause();
+}
+
 __attribute__((constructor)) static void crisp_pause_init(void)
 {
 	const char *v = getenv("_CRISP_PAUSE");
-	if (v == NULL || strcmp(v, "1") != 0)
+	if (v == NULL)
 		return;
-	pause_main();
+	if (strcmp(v, "1") == 0)
+		pause_main();
+	if (strcmp(v, "oci") == 0)
+		oci_pause_main();
 }

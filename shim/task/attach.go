@@ -3,6 +3,7 @@ package task
 import (
 	"errors"
 	"fmt"
+	"github.com/crisp-runtime/crisp/fifoio"
 	"io"
 	"os"
 	"slices"
@@ -195,38 +196,6 @@ func (a *attachIn) hungUp() bool {
 	return hup
 }
 
-// copyFIFOIn copies the FIFO src to dst until its writers are gone. A FIFO opened for
-// reading without a writer reads EOF at once, so the copy waits for POLLIN or for
-// POLLHUP, which the kernel reports only once a writer has come and gone.
-func copyFIFOIn(dst io.Writer, src *os.File) error {
-	return copyLoop(dst, src, func(fd int, take func() []byte) (int, readStep, error) {
-		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		if _, err := unix.Poll(pfd, 0); err != nil {
-			if err == unix.EINTR {
-				return 0, stepAgain, nil
-			}
-			return 0, stepEOF, err
-		}
-		re := pfd[0].Revents
-		switch {
-		case re&unix.POLLIN != 0:
-			n, err := unix.Read(fd, take())
-			switch {
-			case err == unix.EAGAIN || err == unix.EINTR:
-				return 0, stepAgain, nil
-			case err != nil:
-				return 0, stepEOF, err
-			case n == 0:
-				return 0, stepEOF, nil
-			}
-			return n, stepData, nil
-		case re&(unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0:
-			return 0, stepEOF, nil
-		}
-		return 0, stepAgain, nil
-	})
-}
-
 // attach connects an attach session's FIFOs ("" = none) to the process. Output sinks
 // live until their reader closes them or the stream ends; stdin is copied until its
 // writers are gone or the process's streams are closed.
@@ -324,7 +293,7 @@ func (s *stdio) attach(stdinPath, stdoutPath, stderrPath string) (retErr error) 
 	if in != nil {
 		dst := s.inDst
 		go func() {
-			if err := copyFIFOIn(dst, in.src); err != nil && !errors.Is(err, os.ErrClosed) && !errors.Is(err, unix.EPIPE) {
+			if err := fifoio.CopyFIFOIn(dst, in.src); err != nil && !errors.Is(err, os.ErrClosed) && !errors.Is(err, unix.EPIPE) {
 				s.log.Debug("copy attach stdin", "error", err)
 			}
 			s.dropAttachIn(in)

@@ -3,6 +3,7 @@ package task
 import (
 	"errors"
 	"fmt"
+	"github.com/crisp-runtime/crisp/fifoio"
 	"io"
 	"log/slog"
 	"os"
@@ -294,7 +295,7 @@ func (s *stdio) started() error {
 }
 
 func (s *stdio) copyOutput(o output) {
-	if err := copyFile(o.dst, o.src); err != nil && !errors.Is(err, os.ErrClosed) {
+	if err := fifoio.CopyFile(o.dst, o.src); err != nil && !errors.Is(err, os.ErrClosed) {
 		s.log.Warn("copy process output", "error", err)
 	}
 	if o.done != nil {
@@ -433,89 +434,6 @@ func recvConsole(sock int) (*os.File, error) {
 	return os.NewFile(uintptr(fd), string(name[:n])), nil
 }
 
-// bufPool holds copy buffers shared by every stream of the shim.
-var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
-
-// readStep is the outcome of one read attempt of copyLoop.
-type readStep int
-
-const (
-	stepData  readStep = iota // n bytes were read
-	stepAgain                 // nothing yet: wait for the fd to be readable again
-	stepEOF                   // the stream ended (with the error, if any)
-)
-
-// copyLoop copies src to dst, one step at a time, until a step reports EOF or an
-// error. src must be pollable (a pipe, FIFO or pty). A step borrows a pool buffer
-// through take only when it reads, and a step that finds nothing gives it back, so an
-// idle stream, the usual state, holds none.
-func copyLoop(dst io.Writer, src *os.File, step func(fd int, take func() []byte) (int, readStep, error)) error {
-	rc, err := src.SyscallConn()
-	if err != nil {
-		return err
-	}
-	for {
-		var (
-			buf  *[]byte
-			n    int
-			res  readStep
-			rerr error
-		)
-		take := func() []byte {
-			if buf == nil {
-				buf = bufPool.Get().(*[]byte)
-			}
-			return *buf
-		}
-		err := rc.Read(func(fd uintptr) bool {
-			n, res, rerr = step(int(fd), take)
-			if res == stepAgain && buf != nil {
-				bufPool.Put(buf)
-				buf = nil
-			}
-			return res != stepAgain
-		})
-		if err == nil && rerr == nil && res == stepData {
-			_, err = dst.Write((*buf)[:n])
-			bufPool.Put(buf)
-			if err != nil {
-				return err
-			}
-			continue
-		}
-		if buf != nil {
-			bufPool.Put(buf)
-		}
-		if err != nil {
-			return err
-		}
-		return rerr
-	}
-}
-
-// copyFile copies src to dst until EOF, a read error or src being closed.
-func copyFile(dst io.Writer, src *os.File) error {
-	return copyLoop(dst, src, func(fd int, take func() []byte) (int, readStep, error) {
-		for {
-			n, err := unix.Read(fd, take())
-			switch {
-			case err == unix.EINTR:
-				continue
-			case err == unix.EAGAIN:
-				return 0, stepAgain, nil
-			case err == unix.EIO:
-				// How a pty master reports that the last slave fd closed.
-				return 0, stepEOF, nil
-			case err != nil:
-				return 0, stepEOF, err
-			case n == 0:
-				return 0, stepEOF, nil
-			}
-			return n, stepData, nil
-		}
-	})
-}
-
 // logReportInterval is how often a log that keeps failing is reported again: often
 // enough to see that lines are still being lost, rarely enough that a full disk does
 // not turn the shim's own log into a flood.
@@ -598,7 +516,7 @@ func (c *stdinCopier) start() {
 	c.mu.Unlock()
 	go func() {
 		defer close(c.done)
-		_ = copyFile(c.dst, c.src)
+		_ = fifoio.CopyFile(c.dst, c.src)
 		_ = c.src.Close()
 		if c.closeDst {
 			_ = c.dst.Close()

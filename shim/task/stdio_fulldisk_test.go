@@ -3,6 +3,7 @@ package task
 import (
 	"bytes"
 	"context"
+	"github.com/crisp-runtime/crisp/fifoio"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -69,7 +70,7 @@ func TestLogSinkFullDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	copied := make(chan error, 1)
-	go func() { copied <- copyFile(sink, r) }()
+	go func() { copied <- fifoio.CopyFile(sink, r) }()
 	line := []byte(strings.Repeat("y", 1023) + "\n")
 	start := time.Now()
 	for i := 0; i < 8<<10; i++ {

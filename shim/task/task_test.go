@@ -3,6 +3,7 @@ package task
 import (
 	"bytes"
 	"context"
+	"github.com/crisp-runtime/crisp/fifoio"
 	"io"
 	"log/slog"
 	"os"
@@ -178,7 +179,7 @@ func TestCopyFile(t *testing.T) {
 		w.Close()
 	}()
 	var out bytes.Buffer
-	if err := copyFile(&out, r); err != nil {
+	if err := fifoio.CopyFile(&out, r); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(out.Bytes(), data) {
@@ -194,7 +195,7 @@ func TestCopyFileClosed(t *testing.T) {
 	}
 	defer w.Close()
 	done := make(chan error, 1)
-	go func() { done <- copyFile(io.Discard, r) }()
+	go func() { done <- fifoio.CopyFile(io.Discard, r) }()
 	time.Sleep(50 * time.Millisecond)
 	r.Close()
 	select {

@@ -1,0 +1,150 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	taskapi "github.com/containerd/containerd/api/runtime/task/v3"
+	tasktypes "github.com/containerd/containerd/api/types/task"
+
+	"github.com/crisp-runtime/crisp/config"
+)
+
+// isTaskOnly reports whether the pod runs on a task-only shim; sb.mu need not be held
+// (the mode never changes).
+func (sb *sandbox) isTaskOnly() bool { return sb.rec.Mode == config.SandboxModeTask }
+
+// isTaskOnly reports whether pod sandboxID is known and runs on a task-only shim.
+func (c *Controller) isTaskOnly(sandboxID string) bool {
+	sb := c.get(sandboxID)
+	return sb != nil && sb.isTaskOnly()
+}
+
+// createTaskOnly creates a container in a task-only shim: the handler's runtime
+// options, and stdio FIFOs whose output criserver copies into the CRI log.
+func (c *Controller) createTaskOnly(ctx context.Context, tc taskapi.TTRPCTaskService, sb *sandbox, cs ContainerSpec, bundle string) (_ uint32, retErr error) {
+	r := ioRecord{SandboxID: cs.SandboxID, LogPath: cs.LogPath, Terminal: cs.Terminal, Stdin: cs.Stdin}
+	t, err := newTaskIO(bundle, r, true, c.log.With("container", cs.ID))
+	if err != nil {
+		return 0, fmt.Errorf("stdio of container %s: %w", cs.ID, err)
+	}
+	c.iosMu.Lock()
+	c.ios[cs.ID] = t
+	c.iosMu.Unlock()
+	defer func() {
+		if retErr != nil {
+			c.dropTaskIO(cs.ID)
+		}
+	}()
+	stdin, stdout, stderr := r.fifoPaths(bundle)
+	req := &taskapi.CreateTaskRequest{
+		ID: cs.ID, Bundle: bundle, Terminal: cs.Terminal, Options: c.taskOpts[sb.rec.Handler],
+		Stdin: stdin, Stdout: stdout, Stderr: stderr,
+	}
+	return c.createTask(ctx, tc, cs, req)
+}
+
+// taskIO is the output copy of container id; nil for a container of a shim that
+// writes its own log.
+func (c *Controller) taskIO(id string) *taskIO {
+	c.iosMu.Lock()
+	defer c.iosMu.Unlock()
+	return c.ios[id]
+}
+
+// dropTaskIO stops the output copy of container id, if any.
+func (c *Controller) dropTaskIO(id string) {
+	c.iosMu.Lock()
+	t := c.ios[id]
+	delete(c.ios, id)
+	c.iosMu.Unlock()
+	if t != nil {
+		t.close()
+	}
+}
+
+// podContainers lists the container bundles whose io.json names pod sandboxID: the
+// containers a task-only shim runs for it.
+func (c *Controller) podContainers(sandboxID string) map[string]ioRecord {
+	root := filepath.Join(c.opts.StateDir, "containers")
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return nil
+	}
+	out := map[string]ioRecord{}
+	for _, e := range entries {
+		if r, ok := readIORecord(filepath.Join(root, e.Name())); ok && r.SandboxID == sandboxID {
+			out[e.Name()] = r
+		}
+	}
+	return out
+}
+
+// recoverTaskIO resumes the output copy of the containers of a task-only shim's pod
+// after a restart. A container that already exited gets what its FIFOs still hold.
+func (c *Controller) recoverTaskIO(ctx context.Context, sb *sandbox) {
+	tc, _, err := c.task(sb.rec.ID)
+	if err != nil {
+		return
+	}
+	for id, r := range c.podContainers(sb.rec.ID) {
+		bundle := c.opts.containerBundle(id)
+		t, err := newTaskIO(bundle, r, false, c.log.With("container", id))
+		if err != nil {
+			c.log.Warn("resume output copy of container", "container", id, "err", err)
+			continue
+		}
+		st, err := tc.State(ctx, &taskapi.StateRequest{ID: id})
+		if err == nil && st.GetStatus() == tasktypes.Status_STOPPED {
+			// Its writers are gone: the copy would never see them hang up.
+			t.drain()
+			continue
+		}
+		c.iosMu.Lock()
+		c.ios[id] = t
+		c.iosMu.Unlock()
+	}
+}
+
+// cleanDeadTaskShim kills what a dead task-only shim's pod still runs: unlike crisp's
+// shim, whose delete ends the whole pod, a task-only shim's delete ends the one
+// container (and its mounts) it names, so it runs for every container and then for
+// the pause container.
+func (c *Controller) cleanDeadTaskShim(ctx context.Context, sb *sandbox) error {
+	var errs []error
+	for id := range c.podContainers(sb.rec.ID) {
+		call := c.call(&sb.rec)
+		call.id, call.bundle = id, c.opts.containerBundle(id)
+		if _, err := call.delete(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("container %s: %w", id, err))
+		}
+		c.dropTaskIO(id)
+	}
+	if _, err := c.call(&sb.rec).delete(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("pause container: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// sumMetrics adds the figures of the pod's containers to its pause container's: a
+// task-only shim reports no pod cgroup. Limits stay unknown (0).
+func (c *Controller) sumMetrics(ctx context.Context, sandboxID string, m *Metrics) {
+	m.MemoryLimit, m.AvailableBytes = 0, 0
+	for id := range c.podContainers(sandboxID) {
+		cm, err := c.ContainerMetrics(ctx, sandboxID, id)
+		if err != nil {
+			continue // created but not started, or gone meanwhile
+		}
+		m.CPUUsageNanos += cm.CPUUsageNanos
+		m.MemoryUsage += cm.MemoryUsage
+		m.WorkingSet += cm.WorkingSet
+		m.RSS += cm.RSS
+		m.PageFaults += cm.PageFaults
+		m.MajorPageFaults += cm.MajorPageFaults
+		m.Pids += cm.Pids
+		m.OOMKills += cm.OOMKills
+	}
+}

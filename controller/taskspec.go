@@ -1,0 +1,249 @@
+package controller
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	runcoptions "github.com/containerd/containerd/api/types/runc/options"
+	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	options "github.com/crisp-runtime/crisp/api/options/v1"
+	"github.com/crisp-runtime/crisp/config"
+)
+
+// Annotations containerd's podsandbox puts on a pod's sandbox container and on its
+// containers; task-only shims (runc v2 grouping, Kata, gVisor) read them to tell a
+// sandbox from a container and to find a container's pod.
+const (
+	annotationContainerType    = "io.kubernetes.cri.container-type"
+	annotationSandboxID        = "io.kubernetes.cri.sandbox-id"
+	annotationSandboxName      = "io.kubernetes.cri.sandbox-name"
+	annotationSandboxNamespace = "io.kubernetes.cri.sandbox-namespace"
+	annotationSandboxUID       = "io.kubernetes.cri.sandbox-uid"
+	containerTypeSandbox       = "sandbox"
+)
+
+// pauseUID is the user the pause container runs as: registry.k8s.io/pause's, which
+// needs no privilege to wait for signals.
+const pauseUID = 65535
+
+// pausePath is where crisp's shim binary appears in the pause container, whose rootfs
+// holds nothing else. The binary is static, and its C constructor runs the pause loop
+// before the Go runtime starts when _CRISP_PAUSE=oci (see shim/pause/pause.c).
+const pausePath = "/pause"
+
+// isRuncShim reports whether a shim takes containerd.runc.v1.Options, judged by its
+// name as containerd judges by runtime_type io.containerd.runc.v2.
+func isRuncShim(shim string) bool {
+	return strings.Contains(filepath.Base(shim), "runc")
+}
+
+// runtimeOptions encodes a handler's [runtimes.NAME.options] table as the options
+// containerd would send its shim: containerd.runc.v1.Options for a runc shim,
+// runtimeoptions.v1.Options (TypeUrl, ConfigPath, ConfigBody: gVisor, Kata) for any
+// other. Keys match a field by its Go or proto name, case and underscores aside.
+// stateDir gives a runc shim's Root a default of crisp's own, not containerd's.
+func runtimeOptions(name string, rt config.Runtime, stateDir string, systemd bool) (*anypb.Any, error) {
+	var msg proto.Message = &runtimeoptions.Options{}
+	if isRuncShim(rt.Shim) {
+		// The cgroup driver follows criserver's, which kubelet's must match.
+		msg = &runcoptions.Options{Root: filepath.Join(stateDir, "runc"), SystemdCgroup: systemd}
+	}
+	if err := setFields(msg.ProtoReflect(), rt.Options); err != nil {
+		return nil, fmt.Errorf("runtimes.%s.options: %w", name, err)
+	}
+	data, err := proto.Marshal(msg)
+	if err != nil {
+		return nil, fmt.Errorf("runtimes.%s.options: %w", name, err)
+	}
+	// containerd's typeurl names a message by its full name alone.
+	return &anypb.Any{TypeUrl: string(msg.ProtoReflect().Descriptor().FullName()), Value: data}, nil
+}
+
+func fieldKey(s string) string { return strings.ToLower(strings.ReplaceAll(s, "_", "")) }
+
+// setFields sets the fields of m named by table's keys from TOML values.
+func setFields(m protoreflect.Message, table map[string]any) error {
+	fields := m.Descriptor().Fields()
+	byKey := map[string]protoreflect.FieldDescriptor{}
+	var names []string
+	for i := 0; i < fields.Len(); i++ {
+		f := fields.Get(i)
+		byKey[fieldKey(string(f.Name()))] = f
+		names = append(names, string(f.Name()))
+	}
+	keys := make([]string, 0, len(table))
+	for k := range table {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		f, ok := byKey[fieldKey(k)]
+		if !ok || f.IsList() || f.IsMap() {
+			return fmt.Errorf("unknown key %q for %s (have %s)", k, m.Descriptor().FullName(), strings.Join(names, ", "))
+		}
+		v, err := protoValue(f, table[k])
+		if err != nil {
+			return fmt.Errorf("%s: %w", k, err)
+		}
+		m.Set(f, v)
+	}
+	return nil
+}
+
+// protoValue converts a TOML value (string, bool, int64) to a field's kind.
+func protoValue(f protoreflect.FieldDescriptor, v any) (protoreflect.Value, error) {
+	switch f.Kind() {
+	case protoreflect.StringKind:
+		if s, ok := v.(string); ok {
+			return protoreflect.ValueOfString(s), nil
+		}
+	case protoreflect.BoolKind:
+		if b, ok := v.(bool); ok {
+			return protoreflect.ValueOfBool(b), nil
+		}
+	case protoreflect.Uint32Kind:
+		if n, ok := v.(int64); ok && n >= 0 && n <= math.MaxUint32 {
+			return protoreflect.ValueOfUint32(uint32(n)), nil
+		}
+	}
+	return protoreflect.Value{}, fmt.Errorf("want a %s, got %v (%T)", f.Kind(), v, v)
+}
+
+// pauseBundle is what the pause container of a task-only shim's pod is made of.
+type pauseBundle struct {
+	id, name, namespace, uid string
+	netns                    string // "" for the host's network
+	binary                   string // crisp's shim binary, mounted at pausePath
+	cgroupsPath              string
+	annotations              map[string]string
+	opts                     *options.SandboxOptions
+}
+
+// spec is the pause container's OCI spec: the pod's namespaces, hostname, sysctls and
+// cgroup, and a process that only waits. Pods with a user namespace are refused: the
+// ID mappings would have to be set up as crisp's own shim does, which no task API
+// request carries.
+func (p pauseBundle) spec() (*specs.Spec, error) {
+	o := p.opts
+	if o.GetUserns() != nil {
+		return nil, fmt.Errorf("pod %s asks for a user namespace, which crisp does not set up through a task-only shim: %w", p.id, errdefs.ErrNotImplemented)
+	}
+	nss := []specs.LinuxNamespace{{Type: specs.MountNamespace}}
+	if p.netns != "" {
+		nss = append(nss, specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: p.netns})
+	}
+	for _, ns := range []struct {
+		mode options.NamespaceMode
+		typ  specs.LinuxNamespaceType
+	}{{o.GetPid(), specs.PIDNamespace}, {o.GetIpc(), specs.IPCNamespace}, {o.GetUts(), specs.UTSNamespace}} {
+		if ns.mode != options.NamespaceMode_NODE {
+			nss = append(nss, specs.LinuxNamespace{Type: ns.typ})
+		}
+	}
+	hostname := o.GetHostname()
+	if o.GetUts() == options.NamespaceMode_NODE {
+		hostname = ""
+	}
+	annotations := map[string]string{}
+	for k, v := range p.annotations {
+		annotations[k] = v
+	}
+	annotations[annotationContainerType] = containerTypeSandbox
+	annotations[annotationSandboxID] = p.id
+	annotations[annotationSandboxName] = p.name
+	annotations[annotationSandboxNamespace] = p.namespace
+	annotations[annotationSandboxUID] = p.uid
+	oom := int(o.GetOomScoreAdj())
+	return &specs.Spec{
+		Version: specs.Version,
+		Process: &specs.Process{
+			Args:            []string{pausePath},
+			Env:             []string{"_CRISP_PAUSE=oci"},
+			Cwd:             "/",
+			User:            specs.User{UID: pauseUID, GID: pauseUID},
+			NoNewPrivileges: true,
+			Capabilities:    &specs.LinuxCapabilities{},
+			OOMScoreAdj:     &oom,
+		},
+		Root:     &specs.Root{Path: "rootfs", Readonly: true},
+		Hostname: hostname,
+		Mounts: []specs.Mount{
+			{Destination: pausePath, Type: "bind", Source: p.binary, Options: []string{"rbind", "ro", "nosuid", "nodev"}},
+			// runc's init reads /proc (cap_last_cap) after entering the rootfs.
+			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		},
+		Annotations: annotations,
+		Linux: &specs.Linux{
+			Namespaces:    nss,
+			Sysctl:        o.GetSysctls(),
+			CgroupsPath:   p.cgroupsPath,
+			Resources:     &specs.LinuxResources{Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}}},
+			MaskedPaths:   []string{"/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug", "/proc/scsi"},
+			ReadonlyPaths: []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"},
+		},
+	}, nil
+}
+
+// write puts config.json and an empty rootfs into bundle.
+func (p pauseBundle) write(bundle string) error {
+	s, err := p.spec()
+	if err != nil {
+		return err
+	}
+	data, err := json.Marshal(s)
+	if err != nil {
+		return fmt.Errorf("encode pause spec of pod %s: %w", p.id, err)
+	}
+	if err := os.MkdirAll(filepath.Join(bundle, "rootfs"), 0o711); err != nil {
+		return fmt.Errorf("create pause rootfs of pod %s: %w", p.id, err)
+	}
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600); err != nil {
+		return fmt.Errorf("write pause spec of pod %s: %w", p.id, err)
+	}
+	return nil
+}
+
+// raisePauseOOMScore raises the pause container's oom_score_adj to its shim's own when
+// it asks for less: runc writes it from the shim's process tree, and lowering a score
+// needs CAP_SYS_RESOURCE (crisp's own shim clamps it the same way). The shim is
+// started by then; it reads the spec again at task Create.
+func raisePauseOOMScore(bundle string, shimPid int) error {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", shimPid))
+	if err != nil {
+		return nil // the shim is gone: Create fails anyway
+	}
+	floor, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil {
+		return nil
+	}
+	path := filepath.Join(bundle, "config.json")
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("read pause spec: %w", err)
+	}
+	var s specs.Spec
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return fmt.Errorf("decode pause spec: %w", err)
+	}
+	if s.Process == nil || s.Process.OOMScoreAdj == nil || *s.Process.OOMScoreAdj >= floor {
+		return nil
+	}
+	s.Process.OOMScoreAdj = &floor
+	if raw, err = json.Marshal(&s); err != nil {
+		return fmt.Errorf("encode pause spec: %w", err)
+	}
+	return os.WriteFile(path, raw, 0o600)
+}

@@ -1,0 +1,248 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// taskShimHandler is the runtime handler the task-only shim tests add: containerd's
+// runc shim (v2.4.2) with runc 1.5.2, both built by hack/containerd.sh.
+const taskShimHandler = "runc-v2"
+
+// addTaskShim adds containerd-shim-runc-v2 as a task-only runtime handler to e's
+// config (before start), and returns the directory of the binaries.
+func (e *env) addTaskShim(t *testing.T) string {
+	t.Helper()
+	bin := containerdBinDir(t)
+	if _, err := os.Stat(filepath.Join(bin, "runc")); err != nil {
+		t.Skipf("runc %s is not built (%v): hack/containerd.sh builds it (make test and .ci/run do)", "1.5.2", err)
+	}
+	f, err := os.OpenFile(e.cfgPath, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	fmt.Fprintf(f, "[runtimes.%s]\nshim = %q\nsandbox_mode = \"task\"\n[runtimes.%s.options]\nBinaryName = %q\n",
+		taskShimHandler, filepath.Join(bin, "containerd-shim-runc-v2"), taskShimHandler, filepath.Join(bin, "runc"))
+	return bin
+}
+
+// taskShimPids lists the containerd-shim-runc-v2 processes serving e's pods (their
+// bundles lie under e's state dir).
+func (e *env) taskShimPids() []int {
+	var out []int
+	entries, _ := os.ReadDir("/proc")
+	for _, en := range entries {
+		var pid int
+		if _, err := fmt.Sscanf(en.Name(), "%d", &pid); err != nil {
+			continue
+		}
+		exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+		cwd, _ := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
+		if strings.HasSuffix(exe, "containerd-shim-runc-v2") && strings.HasPrefix(cwd, e.state+"/") {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// assertTaskShimClean checks what a task-only shim's pods could leave besides what
+// assertNodeClean looks at: shims, runc state, container bundles.
+func (e *env) assertTaskShimClean(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for len(e.taskShimPids()) > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if pids := e.taskShimPids(); len(pids) > 0 {
+		t.Errorf("containerd-shim-runc-v2 processes left: %v", pids)
+	}
+	if left := dirNames(filepath.Join(e.state, "runc", "k8s.io")); len(left) > 0 {
+		t.Errorf("runc state left: %v", left)
+	}
+	if left := dirNames(filepath.Join(e.state, "containers")); len(left) > 0 {
+		t.Errorf("container bundles left: %v", left)
+	}
+	e.assertNodeClean(t)
+}
+
+func (e *env) taskPod(name string) *cri.PodSandboxConfig {
+	pod := e.podConfig(name)
+	return pod
+}
+
+func (e *env) runTaskPod(ctx context.Context, t *testing.T, pod *cri.PodSandboxConfig) string {
+	t.Helper()
+	resp, err := e.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: pod, RuntimeHandler: taskShimHandler})
+	if err != nil {
+		t.Fatalf("RunPodSandbox on %s: %v\n%s", taskShimHandler, err, e.log())
+	}
+	return resp.PodSandboxId
+}
+
+// A pod on containerd-shim-runc-v2: two containers sharing the pod's namespaces, logs
+// written by criserver, exit codes, exec, stats, OOM, stop/remove with nothing left.
+func TestE2ETaskShimPod(t *testing.T) {
+	e := newEnv(t)
+	e.addTaskShim(t)
+	e.start()
+	ctx := ctxT(t)
+	img := e.busybox(ctx)
+	pod := e.taskPod("taskpod")
+	podID := e.runTaskPod(ctx, t, pod)
+
+	st, info := e.status(ctx, podID)
+	if st.State != cri.PodSandboxState_SANDBOX_READY || st.GetNetwork().GetIp() == "" {
+		t.Fatalf("pod status %v", st)
+	}
+	if info.Shim["sandbox_mode"] != "task" || !alive(info.Pid) || !alive(info.ShimPid) {
+		t.Errorf("verbose info %+v: want sandbox_mode task, live pause and shim", info)
+	}
+	if exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", info.ShimPid)); !strings.HasSuffix(exe, "containerd-shim-runc-v2") {
+		t.Errorf("pod's shim is %s", exe)
+	}
+	if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", info.Pid)); strings.TrimSpace(string(comm)) != "crisp-pause" {
+		t.Errorf("pause process %d is %q", info.Pid, comm)
+	}
+
+	server := e.runCtr(ctx, podID, pod, ctrConfig("server", img, "sh", "-c", "echo started; echo warn >&2; while true; do echo pong | nc -l -p 8080; done"))
+	quitter := e.runCtr(ctx, podID, pod, ctrConfig("quitter", img, "sh", "-c", "echo bye; echo oops >&2; exit 3"))
+	qs := e.waitExit(ctx, quitter, 10*time.Second)
+	if qs.ExitCode != 3 || qs.Reason != "Error" {
+		t.Errorf("quitter: exit %d reason %q", qs.ExitCode, qs.Reason)
+	}
+	lines := logLines(t, qs.LogPath)
+	sort.Strings(lines)
+	if strings.Join(lines, "|") != "stderr oops|stdout bye" {
+		t.Errorf("quitter log %q", lines)
+	}
+	ss, err := e.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: server})
+	if err != nil || ss.Status.State != cri.ContainerState_CONTAINER_RUNNING {
+		t.Fatalf("server status %v %v", ss, err)
+	}
+
+	// Exec, and the pod's shared network and UTS namespaces: the second container
+	// reaches the first on localhost and sees the pod's hostname.
+	resp, err := e.execSync(ctx, server, 10, "sh", "-c", "echo out; echo err >&2; exit 7")
+	if err != nil || string(resp.Stdout) != "out\n" || string(resp.Stderr) != "err\n" || resp.ExitCode != 7 {
+		t.Fatalf("exec: %v %v", resp, err)
+	}
+	client := e.runCtr(ctx, podID, pod, ctrConfig("client", img, "sh", "-c", "hostname; nc 127.0.0.1 8080 </dev/null; sleep 1000"))
+	deadline := time.Now().Add(10 * time.Second)
+	cs, _ := e.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: client})
+	for {
+		got := logLines(t, cs.Status.LogPath)
+		if slices.Equal(got, []string{"stdout taskpod", "stdout pong"}) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("client log %q, want the pod's hostname and pong", got)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	// Stats from the shim's task API.
+	cst, err := e.rt.ContainerStats(ctx, &cri.ContainerStatsRequest{ContainerId: server})
+	if err != nil || cst.Stats.GetMemory().GetWorkingSetBytes().GetValue() == 0 || cst.Stats.GetCpu() == nil {
+		t.Errorf("container stats %v %v", cst, err)
+	}
+	pst, err := e.rt.PodSandboxStats(ctx, &cri.PodSandboxStatsRequest{PodSandboxId: podID})
+	if err != nil || pst.Stats.GetLinux().GetMemory().GetWorkingSetBytes().GetValue() < cst.Stats.GetMemory().GetWorkingSetBytes().GetValue() {
+		t.Errorf("pod stats %v %v: want at least the server's working set", pst, err)
+	}
+
+	// OOM: the reason comes from the cgroup's oom_kill counter through task Stats.
+	hog := ctrConfig("hog", img, "sh", "-c", "x=aaaaaaaaaaaaaaaa; while true; do x=$x$x; done")
+	hog.Linux.Resources = &cri.LinuxContainerResources{MemoryLimitInBytes: 32 << 20}
+	hs := e.waitExit(ctx, e.runCtr(ctx, podID, pod, hog), 30*time.Second)
+	if hs.Reason != "OOMKilled" || hs.ExitCode != 137 {
+		t.Errorf("hog: reason %q exit %d, want OOMKilled 137", hs.Reason, hs.ExitCode)
+	}
+
+	// What crisp cannot do through a task-only shim is refused clearly.
+	if _, err := e.rt.CheckpointContainer(ctx, &cri.CheckpointContainerRequest{ContainerId: server, Location: filepath.Join(e.dir, "cp.tar")}); status.Code(err) != codes.Unimplemented {
+		t.Errorf("checkpoint: %v, want Unimplemented", err)
+	}
+
+	e.stopRemove(ctx, t, podID)
+	e.assertPodGone(t, podID, info)
+	e.assertTaskShimClean(t)
+}
+
+// criserver killed with SIGKILL and restarted: the pod and its containers are found
+// again, output written meanwhile reaches the log, an exit meanwhile is reported, and
+// a killed task-only shim takes its pod with it.
+func TestE2ETaskShimRecovery(t *testing.T) {
+	e := newEnv(t)
+	e.addTaskShim(t)
+	e.start()
+	ctx := ctxT(t)
+	img := e.busybox(ctx)
+	pod := e.taskPod("taskrec")
+	podID := e.runTaskPod(ctx, t, pod)
+	ticker := e.runCtr(ctx, podID, pod, ctrConfig("ticker", img, "sh", "-c", "i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.05; done"))
+	quitter := e.runCtr(ctx, podID, pod, ctrConfig("quitter", img, "sh", "-c", "sleep 1; echo last words; exit 5"))
+	ts, _ := e.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: ticker})
+	qs0, _ := e.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: quitter})
+	_, info := e.status(ctx, podID)
+
+	e.kill9()
+	time.Sleep(1500 * time.Millisecond)
+	e.start()
+	qs := e.waitExit(ctx, quitter, 10*time.Second)
+	if qs.ExitCode != 5 || qs.Reason != "Error" {
+		t.Errorf("quitter after restart: exit %d reason %q", qs.ExitCode, qs.Reason)
+	}
+	// Output of a container that exits while criserver is down is lost once the shim
+	// closes its FIFOs (as under containerd: the README says so); it is never mangled.
+	if got := logLines(t, qs0.Status.LogPath); len(got) > 0 && !slices.Equal(got, []string{"stdout last words"}) {
+		t.Errorf("quitter's output written while criserver was down: log %q", got)
+	}
+	rs, err := e.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: ticker})
+	if err != nil || rs.Status.State != cri.ContainerState_CONTAINER_RUNNING {
+		t.Fatalf("ticker after restart: %v %v", rs, err)
+	}
+	// Ticks are numbered: none is lost or doubled across the restart.
+	time.Sleep(500 * time.Millisecond)
+	got := logLines(t, ts.Status.LogPath)
+	if len(got) < 30 {
+		t.Fatalf("ticker log has %d lines after ~2.5 s", len(got))
+	}
+	for i, l := range got {
+		if l != fmt.Sprintf("stdout tick %d", i) {
+			t.Fatalf("ticker log line %d is %q", i, l)
+		}
+	}
+
+	// The shim dies: the pod is reported not ready, its containers exited 137, and
+	// every process of it is killed.
+	ctrPid := e.ctrPid(ctx, ticker)
+	if err := syscall.Kill(info.ShimPid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	rs2 := e.waitExit(ctx, ticker, 15*time.Second)
+	if rs2.ExitCode != 137 {
+		t.Errorf("ticker after its shim died: exit %d reason %q", rs2.ExitCode, rs2.Reason)
+	}
+	if alive(ctrPid) || alive(info.Pid) {
+		t.Errorf("container %d or pause %d still running after the shim died", ctrPid, info.Pid)
+	}
+	if st, _ := e.status(ctx, podID); st.State != cri.PodSandboxState_SANDBOX_NOTREADY {
+		t.Errorf("pod after its shim died: %v", st.State)
+	}
+	e.stopRemove(ctx, t, podID)
+	e.assertTaskShimClean(t)
+	e.assertNoPanic(t)
+}
