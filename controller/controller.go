@@ -163,6 +163,8 @@ type Controller struct {
 	spares *spareSet
 	// taskOpts are the runtime options of each task-only handler (see taskspec.go).
 	taskOpts map[string]*anypb.Any
+	// events receives task-only shims' events (events.go); nil without such handlers.
+	events *ttrpc.Server
 	// ios copy the output of task-only shims' containers, by container id (taskio.go).
 	iosMu sync.Mutex
 	ios   map[string]*taskIO
@@ -209,6 +211,12 @@ func New(opts Options, st *store.Store, net *network.Manager, log *slog.Logger) 
 	bg, stop := context.WithCancel(context.Background())
 	c := &Controller{opts: opts, store: st, net: net, log: log, bg: bg, stopBG: stop, sandboxes: map[string]*sandbox{},
 		exits: make(chan string, sandboxExitBuffer), spares: newSpareSet(opts.Runtimes), taskOpts: taskOpts, ios: map[string]*taskIO{}}
+	if len(taskOpts) > 0 {
+		if err := c.serveEvents(); err != nil {
+			stop()
+			return nil, err
+		}
+	}
 	opts.Metrics.WatchShims(c.liveShims)
 	return c, nil
 }
@@ -243,7 +251,7 @@ func (c *Controller) HasHandler(name string) bool {
 }
 
 func (c *Controller) call(rec *record) shimCall {
-	return shimCall{
+	call := shimCall{
 		binary:    rec.Shim,
 		namespace: rec.Namespace,
 		address:   c.opts.Address,
@@ -251,6 +259,10 @@ func (c *Controller) call(rec *record) shimCall {
 		bundle:    rec.Bundle,
 		socketDir: c.opts.socketDir(),
 	}
+	if rec.Mode == config.SandboxModeTask {
+		call.events = c.opts.eventsSocket()
+	}
+	return call
 }
 
 // Create runs a pod: network namespace, CNI, shim, sandbox. On any failure everything
@@ -870,6 +882,9 @@ func (c *Controller) forget(id string) {
 // shim; the pods' shims and their pods keep running.
 func (c *Controller) Close() {
 	c.stopBG()
+	if c.events != nil {
+		_ = c.events.Close()
+	}
 	c.closeSpares()
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -31,6 +31,9 @@ type shimCall struct {
 	id        string
 	bundle    string
 	socketDir string
+	// events is the ttrpc address the shim publishes task events to (TTRPC_ADDRESS);
+	// only task-only shims are given one.
+	events string
 }
 
 func (s shimCall) args(action string) []string {
@@ -45,9 +48,10 @@ func (s shimCall) args(action string) []string {
 // version it serves (2 or 3).
 func (s shimCall) start(ctx context.Context) (string, int, error) {
 	params, err := proto.Marshal(&bootstrap.BootstrapParams{
-		InstanceID: s.id,
-		Namespace:  s.namespace,
-		SocketDir:  &s.socketDir,
+		InstanceID:             s.id,
+		Namespace:              s.namespace,
+		SocketDir:              &s.socketDir,
+		ContainerdTtrpcAddress: s.events,
 	})
 	if err != nil {
 		return "", 0, fmt.Errorf("encode bootstrap params: %w", err)
@@ -56,6 +60,9 @@ func (s shimCall) start(ctx context.Context) (string, int, error) {
 	cmd.Dir = s.bundle
 	cmd.Stdin = bytes.NewReader(params)
 	cmd.Env = append(os.Environ(), "NAMESPACE="+s.namespace)
+	if s.events != "" {
+		cmd.Env = append(cmd.Env, "TTRPC_ADDRESS="+s.events)
+	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {

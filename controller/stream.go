@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	taskapi "github.com/containerd/containerd/api/runtime/task/v3"
-	"github.com/containerd/errdefs"
 
 	options "github.com/crisp-runtime/crisp/api/options/v1"
 )
@@ -29,6 +28,9 @@ func (c *Controller) CloseIO(ctx context.Context, sandboxID, id, execID string) 
 	if err != nil {
 		return err
 	}
+	if t := c.taskIO(id); t != nil && execID == "" {
+		t.closeStdin()
+	}
 	if _, err := tc.CloseIO(ctx, &taskapi.CloseIORequest{ID: id, ExecID: execID, Stdin: true}); err != nil {
 		return fmt.Errorf("close stdin of container %s exec %q: %w", id, execID, fromShim(err))
 	}
@@ -40,7 +42,7 @@ func (c *Controller) CloseIO(ctx context.Context, sandboxID, id, execID string) 
 // the caller closes its ends or the container exits.
 func (c *Controller) Attach(ctx context.Context, sandboxID, id, stdin, stdout, stderr string) error {
 	if c.isTaskOnly(sandboxID) {
-		return fmt.Errorf("attach to container %s: pod %s runs on a task-only shim, whose output criserver copies to the log only: %w", id, sandboxID, errdefs.ErrNotImplemented)
+		return c.attachTaskOnly(sandboxID, id, stdin, stdout, stderr)
 	}
 	client, err := c.shimClient(sandboxID)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 
 	taskapi "github.com/containerd/containerd/api/runtime/task/v3"
 	tasktypes "github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/errdefs"
 
 	"github.com/crisp-runtime/crisp/config"
 )
@@ -147,4 +148,23 @@ func (c *Controller) sumMetrics(ctx context.Context, sandboxID string, m *Metric
 		m.Pids += cm.Pids
 		m.OOMKills += cm.OOMKills
 	}
+}
+
+// attachTaskOnly attaches to a task-only shim's container: criserver copies its
+// output, so criserver serves the session.
+func (c *Controller) attachTaskOnly(sandboxID, id, stdin, stdout, stderr string) error {
+	t := c.taskIO(id)
+	if t == nil {
+		return fmt.Errorf("attach to container %s of pod %s: its output is not copied by criserver (not created through it, or deleted): %w", id, sandboxID, errdefs.ErrFailedPrecondition)
+	}
+	if err := t.attach(stdin, stdout, stderr); err != nil {
+		switch {
+		case errors.Is(err, errAttachEnded), errors.Is(err, errAttachNoStdin):
+			return fmt.Errorf("attach to container %s: %w: %w", id, err, errdefs.ErrFailedPrecondition)
+		case errors.Is(err, os.ErrNotExist):
+			return fmt.Errorf("attach to container %s: %w: %w", id, err, errdefs.ErrInvalidArgument)
+		}
+		return fmt.Errorf("attach to container %s: %w", id, err)
+	}
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -51,11 +52,21 @@ func (r ioRecord) fifoPaths(bundle string) (stdin, stdout, stderr string) {
 	return stdin, stdout, stderr
 }
 
-// taskIO copies one container's output into its CRI log.
+// taskIO copies one container's output into its CRI log and to attach sessions, and
+// attach sessions' input into its stdin.
 type taskIO struct {
-	log  *crilog.Writer // nil without a log path: output is drained and dropped
-	in   *os.File       // criserver's end of the stdin FIFO, kept so stdin never sees EOF
+	terminal bool
+	log      *crilog.Writer // nil without a log path: output goes to attach sessions only
+	// in is criserver's writer on the stdin FIFO, kept so stdin sees no EOF between
+	// attach sessions, until closeStdin.
+	inMu sync.Mutex
+	in   *os.File
 	outs []*os.File
+	// fans carry each output stream (crilog.Stdout, crilog.Stderr) to the log and to
+	// attach sessions.
+	fans map[string]*fifoio.Fanout
+	// stdinCopies counts attach sessions copying into stdin.
+	stdinCopies sync.WaitGroup
 	// done is closed by the copy's owner goroutine once every stream ended.
 	done chan struct{}
 }
@@ -73,7 +84,7 @@ func newTaskIO(bundle string, r ioRecord, create bool, log *slog.Logger) (_ *tas
 		}
 	}
 	stdin, stdout, stderr := r.fifoPaths(bundle)
-	t := &taskIO{done: make(chan struct{})}
+	t := &taskIO{terminal: r.Terminal, fans: map[string]*fifoio.Fanout{}, done: make(chan struct{})}
 	defer func() {
 		if retErr != nil {
 			t.close()
@@ -125,19 +136,22 @@ func newTaskIO(bundle string, r ioRecord, create bool, log *slog.Logger) (_ *tas
 	}
 	var wg sync.WaitGroup
 	for _, s := range streams {
+		var dst io.Writer = io.Discard
+		var st *crilog.Stream
+		if t.log != nil {
+			dst, st = crilog.NewSink(t.log, s.name, log)
+		}
+		fan := fifoio.NewFanout(dst)
+		t.fans[s.name] = fan
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var dst *crilog.Stream
-			if t.log != nil {
-				dst = t.log.Stream(s.name)
-			}
-			err := fifoio.CopyFIFOIn(&logSink{s: dst, log: log, path: r.LogPath}, s.f)
-			if err != nil && !errors.Is(err, os.ErrClosed) {
+			if err := fifoio.CopyFIFOIn(fan, s.f); err != nil && !errors.Is(err, os.ErrClosed) {
 				log.Warn("copy container output", "fifo", s.f.Name(), "err", err)
 			}
-			if dst != nil {
-				_ = dst.Close()
+			fan.Close()
+			if st != nil {
+				_ = st.Close()
 			}
 		}()
 	}
@@ -149,26 +163,6 @@ func newTaskIO(bundle string, r ioRecord, create bool, log *slog.Logger) (_ *tas
 		close(t.done)
 	}()
 	return t, nil
-}
-
-// logSink writes to a CRI log stream and never fails the copy: output that cannot be
-// written is dropped (crilog counts it), and the FIFO keeps draining.
-type logSink struct {
-	s      *crilog.Stream
-	log    *slog.Logger
-	path   string
-	warned bool
-}
-
-func (l *logSink) Write(p []byte) (int, error) {
-	if l.s == nil {
-		return len(p), nil
-	}
-	if _, err := l.s.Write(p); err != nil && !l.warned {
-		l.warned = true
-		l.log.Warn("container log not written; output is dropped", "log", l.path, "err", err)
-	}
-	return len(p), nil
 }
 
 // wait waits up to timeout for the output to end (the shim closed its ends).
@@ -186,9 +180,12 @@ func (t *taskIO) close() {
 	for _, f := range t.outs {
 		_ = f.Close()
 	}
+	t.inMu.Lock()
 	if t.in != nil {
 		_ = t.in.Close()
+		t.in = nil
 	}
+	t.inMu.Unlock()
 }
 
 // reopen has the log follow a rotation by kubelet.
@@ -230,4 +227,129 @@ func (t *taskIO) drain() {
 	}
 	t.close()
 	t.wait(ioDrainTimeout)
+}
+
+// Errors of taskIO.attach.
+var (
+	errAttachEnded   = errors.New("the container's output has ended")
+	errAttachNoStdin = errors.New("the container has no stdin (its config has stdin false, or stdin_once closed it)")
+)
+
+// attach connects an attach session's FIFOs ("" = none): output sinks live until
+// their reader closes them or the stream ends; the stdin FIFO is copied into the
+// container's stdin until its writers are gone. A sink that falls behind is dropped
+// without slowing the log (see fifoio.Fanout).
+func (t *taskIO) attach(stdinPath, stdoutPath, stderrPath string) (retErr error) {
+	t.inMu.Lock()
+	in := t.in
+	t.inMu.Unlock()
+	if stdinPath != "" && in == nil {
+		return errAttachNoStdin
+	}
+	type target struct {
+		fan  *fifoio.Fanout
+		path string
+	}
+	var targets []target
+	for name, p := range map[string]string{crilog.Stdout: stdoutPath, crilog.Stderr: stderrPath} {
+		if t.terminal && name == crilog.Stderr {
+			continue // a terminal's output is all on stdout
+		}
+		if p != "" && t.fans[name] != nil {
+			targets = append(targets, target{t.fans[name], p})
+		}
+	}
+	sinks := make([]*fifoio.Sink, 0, len(targets))
+	var src *os.File
+	defer func() {
+		if retErr != nil {
+			for _, sk := range sinks {
+				sk.Close()
+			}
+			if src != nil {
+				_ = src.Close()
+			}
+		}
+	}()
+	for _, tg := range targets {
+		sk, err := fifoio.OpenSink(tg.path)
+		if err != nil {
+			return err
+		}
+		sinks = append(sinks, sk)
+	}
+	if stdinPath != "" {
+		f, err := os.OpenFile(stdinPath, os.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("open stdin FIFO: %w", err)
+		}
+		src = f
+	}
+	for i, tg := range targets {
+		if !tg.fan.Add(sinks[i]) {
+			return errAttachEnded
+		}
+	}
+	for i, tg := range targets {
+		sk, fan := sinks[i], tg.fan
+		go func() {
+			sk.Watch()
+			fan.Remove(sk)
+		}()
+	}
+	if src != nil {
+		t.stdinCopies.Add(1)
+		go func() {
+			defer t.stdinCopies.Done()
+			_ = fifoio.CopyFIFOIn(in, src)
+			_ = src.Close()
+		}()
+	}
+	return nil
+}
+
+// stdinDrainTimeout bounds how long closing a container's stdin waits for what attach
+// sessions wrote to reach it.
+const stdinDrainTimeout = time.Second
+
+// closeStdin ends the container's stdin (CloseIO, for stdin_once): criserver's writer
+// on the FIFO goes, so that once the shim drops its own the shim's copy reads EOF. It
+// first waits, up to stdinDrainTimeout, for ended attach sessions' input to be copied
+// and for the shim to have read the FIFO empty, so that nothing a client sent is lost.
+func (t *taskIO) closeStdin() {
+	t.inMu.Lock()
+	defer t.inMu.Unlock()
+	if t.in == nil {
+		return
+	}
+	t.drainStdin()
+	_ = t.in.Close()
+	t.in = nil
+}
+
+func (t *taskIO) drainStdin() {
+	deadline := time.Now().Add(stdinDrainTimeout)
+	copied := make(chan struct{})
+	go func() {
+		t.stdinCopies.Wait()
+		close(copied)
+	}()
+	select {
+	case <-copied:
+	case <-time.After(stdinDrainTimeout):
+	}
+	rc, err := t.in.SyscallConn()
+	if err != nil {
+		return
+	}
+	for time.Now().Before(deadline) {
+		pending := 0
+		if cerr := rc.Control(func(fd uintptr) {
+			// TIOCINQ is FIONREAD: the bytes the pipe holds unread.
+			pending, err = unix.IoctlGetInt(int(fd), unix.TIOCINQ)
+		}); cerr != nil || err != nil || pending == 0 {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }

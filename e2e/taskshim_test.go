@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -14,6 +15,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/client-go/tools/remotecommand"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -169,6 +171,42 @@ func TestE2ETaskShimPod(t *testing.T) {
 	hs := e.waitExit(ctx, e.runCtr(ctx, podID, pod, hog), 30*time.Second)
 	if hs.Reason != "OOMKilled" || hs.ExitCode != 137 {
 		t.Errorf("hog: reason %q exit %d, want OOMKilled 137", hs.Reason, hs.ExitCode)
+	}
+
+	// Attach: criserver serves the session from the output it copies; stdin_once
+	// closes the container's stdin at the client's EOF.
+	for _, tr := range []transport{spdyTransport, wsTransport} {
+		cat := e.runCtr(ctx, podID, pod, stdinCtr("cat-"+string(tr), img, true, "cat"))
+		as := e.attach(ctx, t, cat, tr, false, strings.NewReader("meow\n"))
+		as.ended(t, 10*time.Second)
+		if st := e.waitExit(ctx, cat, 10*time.Second); st.ExitCode != 0 {
+			t.Errorf("%s: cat exit code %d", tr, st.ExitCode)
+		}
+		if got := as.out.String(); got != "meow\n" {
+			t.Errorf("%s: cat echoed %q through attach, want meow", tr, got)
+		}
+		if got := logLines(t, filepath.Join(pod.LogDirectory, "cat-"+string(tr)+".log")); !slices.Equal(got, []string{"stdout meow"}) {
+			t.Errorf("%s: cat's log %q", tr, got)
+		}
+	}
+	shell := e.runCtr(ctx, podID, pod, stdinCtr("shell", img, false, "sh"))
+	as := e.attach(ctx, t, shell, spdyTransport, false, nil)
+	if _, err := as.stdin.Write([]byte("echo hi; echo oops >&2\n")); err != nil {
+		t.Fatalf("write to the attach session: %v", err)
+	}
+	if !as.out.wait("hi\n", 10*time.Second) || !as.errOut.wait("oops\n", 10*time.Second) {
+		t.Fatalf("attach: stdout %q, stderr %q; want hi and oops", as.out.String(), as.errOut.String())
+	}
+	as.stdin.Close()
+	as.ended(t, 10*time.Second)
+	if e.ctrState(ctx, t, shell) != cri.ContainerState_CONTAINER_RUNNING {
+		t.Errorf("shell without stdin_once ended with its attach session")
+	}
+	// An exec with a terminal, through the streaming server.
+	var ttyOut bytes.Buffer
+	url := e.execURL(ctx, t, &cri.ExecRequest{ContainerId: server, Cmd: []string{"tty"}, Tty: true, Stdout: true})
+	if err := stream(ctx, t, url, spdyTransport, remotecommand.StreamOptions{Stdout: &ttyOut, Tty: true}); err != nil || !strings.HasPrefix(ttyOut.String(), "/dev/pts/") {
+		t.Errorf("exec tty: %q %v", ttyOut.String(), err)
 	}
 
 	// What crisp cannot do through a task-only shim is refused clearly.

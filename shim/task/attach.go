@@ -3,14 +3,11 @@ package task
 import (
 	"errors"
 	"fmt"
-	"github.com/crisp-runtime/crisp/fifoio"
-	"io"
 	"os"
-	"slices"
 	"sync"
-	"syscall"
 	"time"
 
+	"github.com/crisp-runtime/crisp/fifoio"
 	"github.com/crisp-runtime/crisp/shim/crilog"
 	"golang.org/x/sys/unix"
 )
@@ -26,141 +23,6 @@ var (
 	errAttachNoStdin  = errors.New("the process has no stdin")
 	errAttachNoOutput = errors.New("the process's output is not copied by the shim (it goes to the caller's FIFOs)")
 )
-
-// attachPipeSize is what an attach FIFO's buffer is raised to (best effort): the sink is
-// dropped when its reader falls this far behind.
-const attachPipeSize = 1 << 20
-
-// fanout is the destination of one output stream the shim copies: the primary writer
-// (the CRI log, the caller's FIFO or nothing) gets everything, and attach sinks get a
-// copy as long as they keep up. A sink never blocks the stream: a write that does not fit
-// into its FIFO at once, or fails, drops the sink.
-type fanout struct {
-	w io.Writer
-
-	mu     sync.Mutex
-	sinks  []*sink
-	closed bool
-}
-
-func newFanout(w io.Writer) *fanout { return &fanout{w: w} }
-
-func (f *fanout) Write(p []byte) (int, error) {
-	n, err := f.w.Write(p)
-	var dropped []*sink
-	f.mu.Lock()
-	kept := f.sinks[:0]
-	for _, s := range f.sinks {
-		if s.write(p) {
-			kept = append(kept, s)
-		} else {
-			dropped = append(dropped, s)
-		}
-	}
-	clear(f.sinks[len(kept):])
-	f.sinks = kept
-	f.mu.Unlock()
-	for _, s := range dropped {
-		s.close()
-	}
-	return n, err
-}
-
-// add registers s; false once the stream has ended.
-func (f *fanout) add(s *sink) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.closed {
-		return false
-	}
-	f.sinks = append(f.sinks, s)
-	return true
-}
-
-func (f *fanout) remove(s *sink) {
-	f.mu.Lock()
-	if i := slices.Index(f.sinks, s); i >= 0 {
-		f.sinks = slices.Delete(f.sinks, i, i+1)
-	}
-	f.mu.Unlock()
-	s.close()
-}
-
-// close drops every sink: the stream has ended.
-func (f *fanout) close() {
-	f.mu.Lock()
-	f.closed = true
-	sinks := f.sinks
-	f.sinks = nil
-	f.mu.Unlock()
-	for _, s := range sinks {
-		s.close()
-	}
-}
-
-// sink is an attach session's output FIFO (the shim's non-blocking write end).
-type sink struct {
-	f    *os.File
-	rc   syscall.RawConn
-	once sync.Once
-}
-
-// openSink opens the FIFO for writing; its reader must be open already.
-func openSink(path string) (*sink, error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-	if err != nil {
-		if errors.Is(err, unix.ENXIO) {
-			return nil, fmt.Errorf("open %s: no reader on the FIFO", path)
-		}
-		return nil, err
-	}
-	rc, err := f.SyscallConn()
-	if err != nil {
-		_ = f.Close()
-		return nil, err
-	}
-	_ = rc.Control(func(fd uintptr) {
-		_, _ = unix.FcntlInt(fd, unix.F_SETPIPE_SZ, attachPipeSize)
-	})
-	return &sink{f: f, rc: rc}, nil
-}
-
-// write writes all of p without waiting; false if it could not.
-func (s *sink) write(p []byte) bool {
-	ok := false
-	err := s.rc.Control(func(fd uintptr) {
-		for len(p) > 0 {
-			n, err := unix.Write(int(fd), p)
-			if err == unix.EINTR {
-				continue
-			}
-			if err != nil || n <= 0 {
-				return
-			}
-			p = p[n:]
-		}
-		ok = true
-	})
-	return err == nil && ok
-}
-
-// watch returns once the reader has closed the FIFO or the sink is closed. It waits in
-// the runtime poller: an idle session costs a parked goroutine, no thread.
-func (s *sink) watch() {
-	_ = s.rc.Write(func(fd uintptr) bool {
-		// POLLERR and POLLHUP are reported whatever is asked for.
-		pfd := []unix.PollFd{{Fd: int32(fd)}}
-		n, err := unix.Poll(pfd, 0)
-		if err != nil {
-			return err != unix.EINTR
-		}
-		return n > 0 && pfd[0].Revents&(unix.POLLERR|unix.POLLHUP|unix.POLLNVAL) != 0
-	})
-}
-
-func (s *sink) close() {
-	s.once.Do(func() { _ = s.f.Close() })
-}
 
 // attachIn copies an attach session's stdin FIFO into the process's stdin.
 type attachIn struct {
@@ -207,7 +69,7 @@ func (s *stdio) attach(stdinPath, stdoutPath, stderrPath string) (retErr error) 
 		return errAttachClosed
 	}
 	type target struct {
-		fan  *fanout
+		fan  *fifoio.Fanout
 		path string
 	}
 	var targets []target
@@ -233,12 +95,12 @@ func (s *stdio) attach(stdinPath, stdoutPath, stderrPath string) (retErr error) 
 	}
 
 	// Open everything first, so a failure leaves nothing behind.
-	sinks := make([]*sink, 0, len(targets))
+	sinks := make([]*fifoio.Sink, 0, len(targets))
 	var in *attachIn
 	defer func() {
 		if retErr != nil {
 			for _, sk := range sinks {
-				sk.close()
+				sk.Close()
 			}
 			if in != nil {
 				in.close()
@@ -246,7 +108,7 @@ func (s *stdio) attach(stdinPath, stdoutPath, stderrPath string) (retErr error) 
 		}
 	}()
 	for _, t := range targets {
-		sk, err := openSink(t.path)
+		sk, err := fifoio.OpenSink(t.path)
 		if err != nil {
 			return err
 		}
@@ -270,10 +132,10 @@ func (s *stdio) attach(stdinPath, stdoutPath, stderrPath string) (retErr error) 
 	}
 	s.attachMu.Unlock()
 	for i, t := range targets {
-		if !t.fan.add(sinks[i]) {
+		if !t.fan.Add(sinks[i]) {
 			// The stream ended meanwhile: the process is gone.
 			for _, sk := range sinks[i:] {
-				sk.close()
+				sk.Close()
 			}
 			sinks = nil
 			if in != nil {
@@ -286,8 +148,8 @@ func (s *stdio) attach(stdinPath, stdoutPath, stderrPath string) (retErr error) 
 	for i, t := range targets {
 		sk, fan := sinks[i], t.fan
 		go func() {
-			sk.watch()
-			fan.remove(sk)
+			sk.Watch()
+			fan.Remove(sk)
 		}()
 	}
 	if in != nil {

@@ -3,7 +3,6 @@ package task
 import (
 	"errors"
 	"fmt"
-	"github.com/crisp-runtime/crisp/fifoio"
 	"io"
 	"log/slog"
 	"os"
@@ -12,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/crisp-runtime/crisp/fifoio"
 	"github.com/crisp-runtime/crisp/shim/crilog"
 	"golang.org/x/sys/unix"
 )
@@ -57,7 +57,7 @@ type stdio struct {
 	// fans are the streams' destinations that attach sessions join (by crilog stream
 	// name; a terminal has only stdout), absent where the process writes the caller's
 	// FIFO itself.
-	fans map[string]*fanout
+	fans map[string]*fifoio.Fanout
 	// inPipe is the write end of the process's stdin pipe that the shim keeps when the
 	// stdin given is not a FIFO: attach sessions write to it.
 	inPipe *os.File
@@ -96,7 +96,7 @@ func openStdio(cfg ioConfig, lp *childStdio, log *slog.Logger) (_ *stdio, retErr
 		consoleSock: -1,
 		drained:     make(chan struct{}),
 		terminal:    cfg.terminal,
-		fans:        map[string]*fanout{},
+		fans:        map[string]*fifoio.Fanout{},
 		attachIns:   map[*attachIn]struct{}{},
 	}
 	defer func() {
@@ -115,7 +115,7 @@ func openStdio(cfg ioConfig, lp *childStdio, log *slog.Logger) (_ *stdio, retErr
 		lp.ConsoleSocket = child
 		switch {
 		case cfg.log != nil:
-			sink, st := newLogSink(cfg.log, crilog.Stdout, log)
+			sink, st := crilog.NewSink(cfg.log, crilog.Stdout, log)
 			s.termOut, s.termOutDone = sink, func() { _ = st.Close() }
 		case cfg.stdout != "":
 			f, err := os.OpenFile(cfg.stdout, os.O_RDWR, 0)
@@ -131,11 +131,11 @@ func openStdio(cfg ioConfig, lp *childStdio, log *slog.Logger) (_ *stdio, retErr
 		if base == nil {
 			base = io.Discard
 		}
-		fan := newFanout(base)
+		fan := fifoio.NewFanout(base)
 		s.fans[streamStdout] = fan
 		prevDone := s.termOutDone
 		s.termOut, s.termOutDone = fan, func() {
-			fan.close()
+			fan.Close()
 			if prevDone != nil {
 				prevDone()
 			}
@@ -196,7 +196,7 @@ func openStdio(cfg ioConfig, lp *childStdio, log *slog.Logger) (_ *stdio, retErr
 			if err != nil {
 				return nil, err
 			}
-			sink, st := newLogSink(cfg.log, o.name, log)
+			sink, st := crilog.NewSink(cfg.log, o.name, log)
 			s.fanOutput(o.name, r, sink, func() { _ = st.Close() })
 		case o.path == "" && cfg.attachable:
 			// Nobody reads this output unless an attach session joins, but an unread
@@ -246,10 +246,10 @@ func (s *stdio) outputPipe(name string, set func(*os.File)) (*os.File, error) {
 // fanOutput has the stream name copied from src to dst through a fanout that attach
 // sessions join; done, if set, runs after the fanout closed, when the copy ends.
 func (s *stdio) fanOutput(name string, src *os.File, dst io.Writer, done func()) {
-	fan := newFanout(dst)
+	fan := fifoio.NewFanout(dst)
 	s.fans[name] = fan
 	s.outputs = append(s.outputs, output{src: src, dst: fan, done: func() {
-		fan.close()
+		fan.Close()
 		if done != nil {
 			done()
 		}
@@ -432,48 +432,6 @@ func recvConsole(sock int) (*os.File, error) {
 		return nil, fmt.Errorf("console: %w", err)
 	}
 	return os.NewFile(uintptr(fd), string(name[:n])), nil
-}
-
-// logReportInterval is how often a log that keeps failing is reported again: often
-// enough to see that lines are still being lost, rarely enough that a full disk does
-// not turn the shim's own log into a flood.
-const logReportInterval = 30 * time.Second
-
-// logSink feeds a CRI log stream and keeps draining when the file cannot be written: a
-// full disk must not block the container on a full pipe. The records lost are counted
-// by the crilog.Writer; the sink reports the first failure, then at most once per
-// logReportInterval while failures go on, and when writing works again.
-type logSink struct {
-	s   *crilog.Stream
-	w   *crilog.Writer
-	log *slog.Logger
-	now func() time.Time
-
-	failing    bool
-	lastReport time.Time
-}
-
-func newLogSink(w *crilog.Writer, stream string, log *slog.Logger) (*logSink, *crilog.Stream) {
-	st := w.Stream(stream)
-	return &logSink{s: st, w: w, log: log.With("stream", stream, "path", w.Path()), now: time.Now}, st
-}
-
-// Write never fails and always consumes p, so that the copy from the process's pipe
-// never stops.
-func (l *logSink) Write(p []byte) (int, error) {
-	_, err := l.s.Write(p)
-	switch {
-	case err != nil && (!l.failing || l.now().Sub(l.lastReport) >= logReportInterval):
-		records, bytes := l.w.Dropped()
-		l.log.Warn("container log not written: lines dropped, the container keeps running",
-			"error", err, "dropped_lines", records, "dropped_bytes", bytes)
-		l.failing, l.lastReport = true, l.now()
-	case err == nil && l.failing:
-		records, bytes := l.w.Dropped()
-		l.log.Info("container log written again", "dropped_lines", records, "dropped_bytes", bytes)
-		l.failing = false
-	}
-	return len(p), nil
 }
 
 // stdinCopier copies a stdin FIFO into the process's stdin (a pipe or the pty master).

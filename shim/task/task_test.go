@@ -3,7 +3,6 @@ package task
 import (
 	"bytes"
 	"context"
-	"github.com/crisp-runtime/crisp/fifoio"
 	"io"
 	"log/slog"
 	"os"
@@ -16,6 +15,7 @@ import (
 
 	taskv3 "github.com/crisp-runtime/crisp/api/containerd/task/v3"
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
+	"github.com/crisp-runtime/crisp/fifoio"
 	"github.com/crisp-runtime/crisp/shim/reaper"
 	"github.com/opencontainers/cgroups"
 	specs "github.com/opencontainers/runtime-spec/specs-go"

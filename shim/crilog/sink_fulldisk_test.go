@@ -1,9 +1,8 @@
-package task
+package crilog
 
 import (
 	"bytes"
 	"context"
-	"github.com/crisp-runtime/crisp/fifoio"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -12,8 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/crisp-runtime/crisp/fifoio"
 	"github.com/crisp-runtime/crisp/fulldisk"
-	"github.com/crisp-runtime/crisp/shim/crilog"
 )
 
 // recordingHandler keeps the messages and attributes logged through it.
@@ -46,7 +45,7 @@ func (h *recordingHandler) messages() []string {
 
 // TestLogSinkFullDisk: with the log's filesystem full, a process's output pipe is
 // still drained at once (the process never blocks on it), the lost lines are counted
-// and reported once, then again only after logReportInterval, and once space is freed
+// and reported once, then again only after ReportInterval, and once space is freed
 // lines are written again and that is reported too.
 func TestLogSinkFullDisk(t *testing.T) {
 	dir := fulldisk.New(t, "size=1m")
@@ -54,13 +53,13 @@ func TestLogSinkFullDisk(t *testing.T) {
 	if err := os.WriteFile(filler, bytes.Repeat([]byte{0}, 2<<20), 0o600); err == nil {
 		t.Fatal("2 MiB filler fit into a 1 MiB tmpfs")
 	}
-	w, err := crilog.Open(filepath.Join(dir, "c.log"), 0)
+	w, err := Open(filepath.Join(dir, "c.log"), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.Close()
 	h := &recordingHandler{}
-	sink, _ := newLogSink(w, crilog.Stdout, slog.New(h))
+	sink, _ := NewSink(w, Stdout, slog.New(h))
 	clock := time.Unix(1000, 0)
 	sink.now = func() time.Time { return clock }
 
@@ -100,7 +99,7 @@ func TestLogSinkFullDisk(t *testing.T) {
 	if n, err := sink.Write(line); n != len(line) || err != nil {
 		t.Fatalf("Write = %d, %v", n, err)
 	}
-	clock = clock.Add(logReportInterval)
+	clock = clock.Add(ReportInterval)
 	if _, err := sink.Write(line); err != nil {
 		t.Fatal(err)
 	}
