@@ -163,6 +163,9 @@ type Controller struct {
 	spares *spareSet
 	// taskOpts are the runtime options of each task-only handler (see taskspec.go).
 	taskOpts map[string]*anypb.Any
+	// legacyStart holds the task-only handlers whose shims take the legacy start
+	// protocol (startShimProcess found out).
+	legacyStart sync.Map
 	// events receives task-only shims' events (events.go); nil without such handlers.
 	events *ttrpc.Server
 	// ios copy the output of task-only shims' containers, by container id (taskio.go).
@@ -261,8 +264,29 @@ func (c *Controller) call(rec *record) shimCall {
 	}
 	if rec.Mode == config.SandboxModeTask {
 		call.events = c.opts.eventsSocket()
+		call.options = c.taskOpts[rec.Handler]
+		_, call.legacy = c.legacyStart.Load(rec.Handler)
 	}
 	return call
+}
+
+// startShimProcess runs the shim's start. A task-only shim that refuses the
+// bootstrap protocol (containerd 1.x shims read stdin as runtime options) is started
+// again the legacy way, which its handler then keeps using.
+func (c *Controller) startShimProcess(ctx context.Context, rec *record) (string, int, error) {
+	call := c.call(rec)
+	addr, version, err := call.start(ctx)
+	if err == nil || rec.Mode != config.SandboxModeTask || call.legacy {
+		return addr, version, err
+	}
+	call.legacy = true
+	addr, version, lerr := call.start(ctx)
+	if lerr != nil {
+		return "", 0, fmt.Errorf("%w; started the legacy way: %w", err, lerr)
+	}
+	c.legacyStart.Store(rec.Handler, true)
+	c.log.Info("task-only shim takes the legacy start protocol", "handler", rec.Handler, "shim", rec.Shim)
+	return addr, version, nil
 }
 
 // Create runs a pod: network namespace, CNI, shim, sandbox. On any failure everything
@@ -475,7 +499,7 @@ func (c *Controller) startShim(ctx context.Context, sb *sandbox, spec Spec, adop
 		}
 	}
 	if !adopted {
-		addr, version, err := c.call(&sb.rec).start(sctx)
+		addr, version, err := c.startShimProcess(sctx, &sb.rec)
 		if err != nil {
 			return fmt.Errorf("start shim for pod %s: %w", spec.ID, err)
 		}
@@ -565,7 +589,7 @@ func (c *Controller) connect(ctx context.Context, sb *sandbox) error {
 	sb.svc = sandboxapi.NewTTRPCSandboxClient(client)
 	if sb.isTaskOnly() {
 		tc := taskapi.NewTTRPCTaskClient(client)
-		sb.svc = &taskSandbox{tc: tc, opts: c.taskOpts[sb.rec.Handler], created: sb.rec.CreatedAt}
+		sb.svc = &taskSandbox{tc: tc, opts: c.taskOpts[sb.rec.Handler], created: sb.rec.CreatedAt, version: taskVersion(sb.rec.TaskAPI)}
 		if sb.shimPid == 0 {
 			sb.shimPid = taskShimPid(ctx, tc, sb.rec)
 		}

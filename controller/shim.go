@@ -18,6 +18,7 @@ import (
 	taskapi "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/ttrpc"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/crisp-runtime/crisp/proc"
 )
@@ -34,6 +35,12 @@ type shimCall struct {
 	// events is the ttrpc address the shim publishes task events to (TTRPC_ADDRESS);
 	// only task-only shims are given one.
 	events string
+	// options are a task-only shim's runtime options, given at start too (the runc
+	// shim reads ShimCgroup from them).
+	options *anypb.Any
+	// legacy starts the shim as containerd up to 2.2 does: stdin is the runtime
+	// options alone, not BootstrapParams (containerd 1.x shims read nothing else).
+	legacy bool
 }
 
 func (s shimCall) args(action string) []string {
@@ -47,12 +54,23 @@ func (s shimCall) args(action string) []string {
 // start runs `shim start` and returns the ttrpc address it printed and the task API
 // version it serves (2 or 3).
 func (s shimCall) start(ctx context.Context) (string, int, error) {
-	params, err := proto.Marshal(&bootstrap.BootstrapParams{
-		InstanceID:             s.id,
-		Namespace:              s.namespace,
-		SocketDir:              &s.socketDir,
-		ContainerdTtrpcAddress: s.events,
-	})
+	var params []byte
+	var err error
+	switch {
+	case s.legacy && s.options != nil:
+		params, err = proto.Marshal(s.options)
+	case !s.legacy:
+		bp := &bootstrap.BootstrapParams{
+			InstanceID:             s.id,
+			Namespace:              s.namespace,
+			SocketDir:              &s.socketDir,
+			ContainerdTtrpcAddress: s.events,
+		}
+		if s.options != nil {
+			bp.Extensions = []*bootstrap.Extension{{Value: s.options}}
+		}
+		params, err = proto.Marshal(bp)
+	}
 	if err != nil {
 		return "", 0, fmt.Errorf("encode bootstrap params: %w", err)
 	}

@@ -57,6 +57,8 @@ type taskSandbox struct {
 	opts *anypb.Any
 	// created is when StartSandbox started the pause container.
 	created time.Time
+	// version is the task API the shim serves (2 or 3).
+	version int
 }
 
 var _ sandboxapi.TTRPCSandboxService = (*taskSandbox)(nil)
@@ -132,9 +134,10 @@ func (t *taskSandbox) SandboxStatus(ctx context.Context, req *sandboxapi.Sandbox
 			"pause_pid":    strconv.FormatUint(uint64(st.GetPid()), 10),
 			"bundle":       st.GetBundle(),
 		}
+		resp.Info["task_api"] = strconv.Itoa(t.version)
 		if c, err := t.tc.Connect(ctx, &taskapi.ConnectRequest{ID: id}); err == nil {
 			resp.Info["shim_pid"] = strconv.FormatUint(uint64(c.GetShimPid()), 10)
-			resp.Info["task_api_version"] = c.GetVersion()
+			resp.Info["shim_version"] = c.GetVersion()
 		}
 	}
 	return resp, nil

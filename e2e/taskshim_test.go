@@ -19,26 +19,63 @@ import (
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-// taskShimHandler is the runtime handler the task-only shim tests add: containerd's
-// runc shim (v2.4.2) with runc 1.5.2, both built by hack/containerd.sh.
+// taskShimHandler is the runtime handler the task-only shim tests add.
 const taskShimHandler = "runc-v2"
 
-// addTaskShim adds containerd-shim-runc-v2 as a task-only runtime handler to e's
-// config (before start), and returns the directory of the binaries.
-func (e *env) addTaskShim(t *testing.T) string {
+// taskShim is a task-only shim the tests run pods on.
+type taskShim struct {
+	name string
+	// taskAPI is the task API version the shim serves.
+	taskAPI string
+	// shim and runc return the binaries, skipping the test when they are missing.
+	shim, runc func(t *testing.T) string
+}
+
+// taskShims are containerd's runc shim 2.4.2 with runc 1.5.2 (hack/containerd.sh
+// builds both: task API v3, bootstrap protocol) and Debian's containerd 1.6 runc shim
+// (task API v2, legacy start) with Debian's runc.
+var taskShims = []taskShim{
+	{
+		name:    "containerd-2.4.2",
+		taskAPI: "3",
+		shim:    func(t *testing.T) string { return filepath.Join(containerdBinDir(t), "containerd-shim-runc-v2") },
+		runc: func(t *testing.T) string {
+			p := filepath.Join(containerdBinDir(t), "runc")
+			if _, err := os.Stat(p); err != nil {
+				t.Skipf("runc 1.5.2 is not built (%v): hack/containerd.sh builds it (make test and .ci/run do)", err)
+			}
+			return p
+		},
+	},
+	{
+		name:    "debian-containerd-1.6",
+		taskAPI: "2",
+		shim:    func(t *testing.T) string { return lookBinary(t, "/usr/bin/containerd-shim-runc-v2", "containerd") },
+		runc:    func(t *testing.T) string { return lookBinary(t, "/usr/sbin/runc", "runc") },
+	},
+}
+
+// lookBinary returns path, or skips the test naming the Debian package that has it.
+func lookBinary(t *testing.T, path, pkg string) string {
 	t.Helper()
-	bin := containerdBinDir(t)
-	if _, err := os.Stat(filepath.Join(bin, "runc")); err != nil {
-		t.Skipf("runc %s is not built (%v): hack/containerd.sh builds it (make test and .ci/run do)", "1.5.2", err)
+	if _, err := os.Stat(path); err != nil {
+		t.Skipf("%s missing (%v): apt-get install %s (.ci/run does)", path, err, pkg)
 	}
+	return path
+}
+
+// addTaskShim adds ts as the task-only runtime handler taskShimHandler to e's config
+// (before start).
+func (e *env) addTaskShim(t *testing.T, ts taskShim) {
+	t.Helper()
+	shim, runc := ts.shim(t), ts.runc(t)
 	f, err := os.OpenFile(e.cfgPath, os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
 	fmt.Fprintf(f, "[runtimes.%s]\nshim = %q\nsandbox_mode = \"task\"\n[runtimes.%s.options]\nBinaryName = %q\n",
-		taskShimHandler, filepath.Join(bin, "containerd-shim-runc-v2"), taskShimHandler, filepath.Join(bin, "runc"))
-	return bin
+		taskShimHandler, shim, taskShimHandler, runc)
 }
 
 // taskShimPids lists the containerd-shim-runc-v2 processes serving e's pods (their
@@ -97,8 +134,14 @@ func (e *env) runTaskPod(ctx context.Context, t *testing.T, pod *cri.PodSandboxC
 // A pod on containerd-shim-runc-v2: two containers sharing the pod's namespaces, logs
 // written by criserver, exit codes, exec, stats, OOM, stop/remove with nothing left.
 func TestE2ETaskShimPod(t *testing.T) {
+	for _, ts := range taskShims {
+		t.Run(ts.name, func(t *testing.T) { testTaskShimPod(t, ts) })
+	}
+}
+
+func testTaskShimPod(t *testing.T, ts taskShim) {
 	e := newEnv(t)
-	e.addTaskShim(t)
+	e.addTaskShim(t, ts)
 	e.start()
 	ctx := ctxT(t)
 	img := e.busybox(ctx)
@@ -109,8 +152,8 @@ func TestE2ETaskShimPod(t *testing.T) {
 	if st.State != cri.PodSandboxState_SANDBOX_READY || st.GetNetwork().GetIp() == "" {
 		t.Fatalf("pod status %v", st)
 	}
-	if info.Shim["sandbox_mode"] != "task" || !alive(info.Pid) || !alive(info.ShimPid) {
-		t.Errorf("verbose info %+v: want sandbox_mode task, live pause and shim", info)
+	if info.Shim["sandbox_mode"] != "task" || info.Shim["task_api"] != ts.taskAPI || !alive(info.Pid) || !alive(info.ShimPid) {
+		t.Errorf("verbose info %+v: want sandbox_mode task, task API v%s, live pause and shim", info, ts.taskAPI)
 	}
 	if exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", info.ShimPid)); !strings.HasSuffix(exe, "containerd-shim-runc-v2") {
 		t.Errorf("pod's shim is %s", exe)
@@ -223,8 +266,14 @@ func TestE2ETaskShimPod(t *testing.T) {
 // again, output written meanwhile reaches the log, an exit meanwhile is reported, and
 // a killed task-only shim takes its pod with it.
 func TestE2ETaskShimRecovery(t *testing.T) {
+	for _, ts := range taskShims {
+		t.Run(ts.name, func(t *testing.T) { testTaskShimRecovery(t, ts) })
+	}
+}
+
+func testTaskShimRecovery(t *testing.T, ts taskShim) {
 	e := newEnv(t)
-	e.addTaskShim(t)
+	e.addTaskShim(t, ts)
 	e.start()
 	ctx := ctxT(t)
 	img := e.busybox(ctx)
@@ -232,7 +281,7 @@ func TestE2ETaskShimRecovery(t *testing.T) {
 	podID := e.runTaskPod(ctx, t, pod)
 	ticker := e.runCtr(ctx, podID, pod, ctrConfig("ticker", img, "sh", "-c", "i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.05; done"))
 	quitter := e.runCtr(ctx, podID, pod, ctrConfig("quitter", img, "sh", "-c", "sleep 1; echo last words; exit 5"))
-	ts, _ := e.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: ticker})
+	tickSt, _ := e.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: ticker})
 	qs0, _ := e.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: quitter})
 	_, info := e.status(ctx, podID)
 
@@ -254,7 +303,7 @@ func TestE2ETaskShimRecovery(t *testing.T) {
 	}
 	// Ticks are numbered: none is lost or doubled across the restart.
 	time.Sleep(500 * time.Millisecond)
-	got := logLines(t, ts.Status.LogPath)
+	got := logLines(t, tickSt.Status.LogPath)
 	if len(got) < 30 {
 		t.Fatalf("ticker log has %d lines after ~2.5 s", len(got))
 	}
