@@ -38,6 +38,7 @@ var (
 	soakExecs  = flag.Int("soak-execs", 1000, "ExecSync calls of the soak (shim memory after the first vs after the last)")
 	soakFirst  = flag.Int("soak-first", 100, "pod cycles after which the soak reads the daemon's memory first")
 	soakCycles = flag.Int("soak-cycles", 1000, "pod cycles of the soak (daemon memory after -soak-first vs after these)")
+	taskShim   = flag.String("task-shim", "/var/cache/crisp/containerd-v2.4.2/bin", "directory with containerd-shim-runc-v2 and runc: crisp runs -cycles pods on it as a task-only runtime handler, interleaved with its own shim's (empty: skip)")
 	instance   = flag.Int("instance", 0, "0-7: runs with different instances use their own root, lock, bridges, subnets and cgroup parents, so they can run at once")
 )
 
@@ -138,6 +139,9 @@ func TestBench(t *testing.T) {
 		}
 		spec := Spec{Name: r.name, Dir: filepath.Join(benchRoot, r.name), Bridge: r.bridge, Subnet: r.subnet, CgroupParent: parent,
 			Registry: host, PauseImage: pause, Bin: *binDir, Metrics: *metricsOn}
+		if r.name == "crisp" {
+			spec.TaskShim, spec.TaskRunc = taskShimBinaries(t)
+		}
 		if err := os.MkdirAll(spec.Dir, 0o711); err != nil {
 			t.Fatal(err)
 		}
@@ -229,6 +233,11 @@ func runOne(ctx context.Context, t *testing.T, start func(context.Context, Spec)
 			return res, version, err
 		}
 	}
+	if spec.TaskShim != "" {
+		if err := runTaskShim(ctx, t, w, res); err != nil {
+			return res, version, err
+		}
+	}
 	if *density > 0 {
 		if err := runDensity(ctx, t, w, res, *density); err != nil {
 			return res, version, err
@@ -259,13 +268,7 @@ func runBase(ctx context.Context, t *testing.T, w *Workload, res Results) error 
 			return err
 		}
 	}
-	pick := func(f func(CycleTimes) time.Duration) []time.Duration {
-		out := make([]time.Duration, len(cs))
-		for i, c := range cs {
-			out[i] = f(c)
-		}
-		return out
-	}
+	pick := func(f func(CycleTimes) time.Duration) []time.Duration { return pickTimes(cs, f) }
 	run := pick(func(c CycleTimes) time.Duration { return c.Run })
 	res.Ms("run_pod_p50", Percentile(run, 50))
 	res.Ms("run_pod_p99", Percentile(run, 99))
@@ -470,4 +473,61 @@ func bigImage(t *testing.T, seed uint64) v1.Image {
 			imagetest.Dir("data"), imagetest.RandomFile(fmt.Sprintf("data/layer%d", i), 10<<20, seed*10+uint64(i))))
 	}
 	return imagetest.NewImage(t, imagetest.ImageOptions{Config: v1.Config{Cmd: []string{"/bin/sh"}}}, layers...)
+}
+
+// taskShimBinaries finds containerd's runc shim and runc in -task-shim; "" when the
+// comparison is off or they are not built (hack/containerd.sh builds them).
+func taskShimBinaries(t *testing.T) (shim, runc string) {
+	if *taskShim == "" {
+		return "", ""
+	}
+	shim, runc = filepath.Join(*taskShim, "containerd-shim-runc-v2"), filepath.Join(*taskShim, "runc")
+	for _, p := range []string{shim, runc} {
+		if _, err := os.Stat(p); err != nil {
+			t.Logf("task shim comparison skipped: %v (hack/containerd.sh builds it)", err)
+			return "", ""
+		}
+	}
+	return shim, runc
+}
+
+// runTaskShim times -cycles pod cycles on the task-only handler, each next to one on
+// crisp's own shim, so that both see the same machine.
+func runTaskShim(ctx context.Context, t *testing.T, w *Workload, res Results) error {
+	t.Logf("%s: %d pod cycles on containerd's runc shim, interleaved with its own", w.D.Name, *cycles)
+	task := &Workload{D: w.D, Image: w.Image, Handler: TaskShimHandler}
+	if _, err := task.Cycles(ctx, 3); err != nil { // warm-up
+		return fmt.Errorf("task shim: %w", err)
+	}
+	var own, other []CycleTimes
+	for range *cycles {
+		for _, x := range []struct {
+			w   *Workload
+			out *[]CycleTimes
+		}{{w, &own}, {task, &other}} {
+			c, err := x.w.Cycle(ctx)
+			if err != nil {
+				return fmt.Errorf("handler %q: %w", x.w.Handler, err)
+			}
+			*x.out = append(*x.out, c)
+		}
+	}
+	for prefix, cs := range map[string][]CycleTimes{"task_own_": own, "task_": other} {
+		pick := func(f func(CycleTimes) time.Duration) []time.Duration { return pickTimes(cs, f) }
+		start := pick(CycleTimes.PodStart)
+		res.Ms(prefix+"pod_start_p50", Percentile(start, 50))
+		res.Ms(prefix+"pod_start_p99", Percentile(start, 99))
+		res.Ms(prefix+"run_pod_p50", Percentile(pick(func(c CycleTimes) time.Duration { return c.Run }), 50))
+		res.Ms(prefix+"cycle_p50", Percentile(pick(CycleTimes.Total), 50))
+	}
+	return nil
+}
+
+// pickTimes is one phase of each cycle.
+func pickTimes(cs []CycleTimes, f func(CycleTimes) time.Duration) []time.Duration {
+	out := make([]time.Duration, len(cs))
+	for i, c := range cs {
+		out[i] = f(c)
+	}
+	return out
 }

@@ -61,7 +61,13 @@ type Spec struct {
 	Bin string
 	// Metrics has crisp serve its Prometheus metrics (on a free loopback port).
 	Metrics bool
+	// TaskShim and TaskRunc, when set, add containerd's runc shim (with that runc) to
+	// crisp as the task-only runtime handler TaskShimHandler.
+	TaskShim, TaskRunc string
 }
+
+// TaskShimHandler is the runtime handler of Spec.TaskShim.
+const TaskShimHandler = "runc-v2"
 
 // conflist is the CNI network both runtimes get: crisp's default network (bridge with
 // gateway, masquerade and hairpin, host-local IPAM, portmap), with the bridge, subnet
@@ -165,6 +171,10 @@ conf_dir = %q
 shim = %q
 namespace = "k8s.io"
 `, d.Socket, filepath.Join(s.Dir, "root"), filepath.Join(s.Dir, "state"), netd, filepath.Join(s.Bin, "shim-runc"))
+	if s.TaskShim != "" {
+		cfg += fmt.Sprintf("[runtimes.%s]\nshim = %q\nsandbox_mode = \"task\"\n[runtimes.%s.options]\nBinaryName = %q\n",
+			TaskShimHandler, s.TaskShim, TaskShimHandler, s.TaskRunc)
+	}
 	if s.Metrics {
 		// A free port, found by listening on one: criserver logs the port it got only
 		// at info level, and the bench runs it at warn.

@@ -117,6 +117,17 @@ var Metrics = []Metric{
 	{Key: "phase_spec", Name: "  spec", Unit: "ms", CrispOnly: true},
 	{Key: "phase_task_create", Name: "  task_create", Unit: "ms", CrispOnly: true},
 	{Key: "phase_ctr_start", Name: "breakdown: StartContainer (mean)", Unit: "ms", CrispOnly: true},
+
+	// crisp's own shim against containerd's runc shim as a task-only runtime handler,
+	// interleaved cycles in one criserver (-task-shim).
+	{Key: "task_own_pod_start_p50", Name: "task shim: pod start p50, crisp's shim", Unit: "ms", CrispOnly: true},
+	{Key: "task_pod_start_p50", Name: "task shim: pod start p50, runc v2 shim", Unit: "ms", CrispOnly: true},
+	{Key: "task_own_pod_start_p99", Name: "task shim: pod start p99, crisp's shim", Unit: "ms", CrispOnly: true},
+	{Key: "task_pod_start_p99", Name: "task shim: pod start p99, runc v2 shim", Unit: "ms", CrispOnly: true},
+	{Key: "task_own_run_pod_p50", Name: "task shim: RunPodSandbox p50, crisp's shim", Unit: "ms", CrispOnly: true},
+	{Key: "task_run_pod_p50", Name: "task shim: RunPodSandbox p50, runc v2 shim", Unit: "ms", CrispOnly: true},
+	{Key: "task_own_cycle_p50", Name: "task shim: pod cycle p50, crisp's shim", Unit: "ms", CrispOnly: true},
+	{Key: "task_cycle_p50", Name: "task shim: pod cycle p50, runc v2 shim", Unit: "ms", CrispOnly: true},
 }
 
 // Results are one runtime's figures by metric key.

@@ -19,7 +19,9 @@ import (
 type Workload struct {
 	D     *Daemon
 	Image string // a busybox image, pulled before use
-	seq   atomic.Int64
+	// Handler is the runtime handler of the pods it runs ("" for the default).
+	Handler string
+	seq     atomic.Int64
 
 	mu   sync.Mutex
 	pods map[string]*cri.PodSandboxConfig // the configs of the pods PodWithSleep made
@@ -70,7 +72,7 @@ func (w *Workload) Cycle(ctx context.Context) (CycleTimes, error) {
 	rt := w.D.RT
 	pod := w.podConfig("cycle")
 	t := time.Now()
-	rp, err := rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: pod})
+	rp, err := rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: pod, RuntimeHandler: w.Handler})
 	if err != nil {
 		return ct, fmt.Errorf("run pod: %w", err)
 	}
@@ -169,7 +171,7 @@ func (w *Workload) Churn(ctx context.Context, clients int, d time.Duration) (flo
 func (w *Workload) PodWithSleep(ctx context.Context, name string) (string, string, error) {
 	rt := w.D.RT
 	pod := w.podConfig(name)
-	rp, err := rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: pod})
+	rp, err := rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: pod, RuntimeHandler: w.Handler})
 	if err != nil {
 		return "", "", fmt.Errorf("run pod: %w", err)
 	}

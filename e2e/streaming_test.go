@@ -181,35 +181,7 @@ func TestE2EStreaming(t *testing.T) {
 	t.Run("portforward", func(t *testing.T) {
 		e.runCtr(ctx, podID, pod, ctrConfig("httpd", img, "sh", "-c",
 			"mkdir -p /tmp/www && echo hello-pf > /tmp/www/index.html && exec httpd -f -p 127.0.0.1:8080 -h /tmp/www"))
-		forward := func(port int32) (int, func()) {
-			resp, err := e.rt.PortForward(ctx, &cri.PortForwardRequest{PodSandboxId: podID, Port: []int32{port}})
-			if err != nil {
-				t.Fatalf("PortForward: %v", err)
-			}
-			u, _ := url.Parse(resp.Url)
-			tr, up, err := spdy.RoundTripperFor(&rest.Config{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			stop, ready := make(chan struct{}), make(chan struct{})
-			fw, err := portforward.NewOnAddresses(spdy.NewDialer(up, &http.Client{Transport: tr}, "POST", u),
-				[]string{"127.0.0.1"}, []string{fmt.Sprintf("0:%d", port)}, stop, ready, io.Discard, io.Discard)
-			if err != nil {
-				t.Fatal(err)
-			}
-			done := make(chan error, 1)
-			go func() { done <- fw.ForwardPorts() }()
-			select {
-			case <-ready:
-			case err := <-done:
-				t.Fatalf("ForwardPorts: %v", err)
-			}
-			ports, err := fw.GetPorts()
-			if err != nil {
-				t.Fatal(err)
-			}
-			return int(ports[0].Local), func() { close(stop); <-done }
-		}
+		forward := func(port int32) (int, func()) { return e.portForward(ctx, t, podID, port) }
 		// client-go ends the whole session on a refused connection, so forward only
 		// once httpd listens.
 		_, info := e.status(ctx, podID)
@@ -433,18 +405,21 @@ func TestE2EStreaming(t *testing.T) {
 // process pid.
 func waitListening(t *testing.T, pid, port int) {
 	t.Helper()
-	want := fmt.Sprintf(":%04X 00000000:0000 0A", port) // local port, no peer, LISTEN
+	// Local port, no peer, LISTEN; IPv4 or IPv6 (busybox nc -l binds ::).
+	want4 := fmt.Sprintf(":%04X 00000000:0000 0A", port)
+	want6 := fmt.Sprintf(":%04X 00000000000000000000000000000000:0000 0A", port)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/tcp", pid))
 		if err != nil {
 			t.Fatalf("read sockets of pid %d: %v", pid, err)
 		}
-		if strings.Contains(string(b), want) {
+		b6, _ := os.ReadFile(fmt.Sprintf("/proc/%d/net/tcp6", pid))
+		if strings.Contains(string(b), want4) || strings.Contains(string(b6), want6) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("nothing listens on port %d in the pod:\n%s", port, b)
+			t.Fatalf("nothing listens on port %d in the pod:\n%s%s", port, b, b6)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -491,4 +466,37 @@ func (w *lineWaiter) wait(s string, d time.Duration) bool {
 			return false
 		}
 	}
+}
+
+// portForward forwards a free local port to port in the pod's network over SPDY; the
+// returned func ends the session.
+func (e *env) portForward(ctx context.Context, t *testing.T, podID string, port int32) (int, func()) {
+	t.Helper()
+	resp, err := e.rt.PortForward(ctx, &cri.PortForwardRequest{PodSandboxId: podID, Port: []int32{port}})
+	if err != nil {
+		t.Fatalf("PortForward: %v", err)
+	}
+	u, _ := url.Parse(resp.Url)
+	tr, up, err := spdy.RoundTripperFor(&rest.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, ready := make(chan struct{}), make(chan struct{})
+	fw, err := portforward.NewOnAddresses(spdy.NewDialer(up, &http.Client{Transport: tr}, "POST", u),
+		[]string{"127.0.0.1"}, []string{fmt.Sprintf("0:%d", port)}, stop, ready, io.Discard, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- fw.ForwardPorts() }()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("ForwardPorts: %v", err)
+	}
+	ports, err := fw.GetPorts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int(ports[0].Local), func() { close(stop); <-done }
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -252,6 +254,43 @@ func testTaskShimPod(t *testing.T, ts taskShim) {
 		t.Errorf("exec tty: %q %v", ttyOut.String(), err)
 	}
 
+	// Port-forward into the pod's network, to the server's port.
+	waitListening(t, info.Pid, 8080)
+	local, stopPF := e.portForward(ctx, t, podID, 8080)
+	conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", local), 5*time.Second)
+	if err != nil {
+		t.Fatalf("dial the forwarded port: %v", err)
+	}
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	reply, _ := io.ReadAll(conn)
+	conn.Close()
+	stopPF()
+	if string(reply) != "pong\n" {
+		t.Errorf("port-forward read %q, want pong", reply)
+	}
+
+	// Resources updated through the shim's task Update; the log rotated by
+	// ReopenContainerLog, which criserver does itself.
+	if _, err := e.rt.UpdateContainerResources(ctx, &cri.UpdateContainerResourcesRequest{ContainerId: server, Linux: &cri.LinuxContainerResources{MemoryLimitInBytes: 96 << 20}}); err != nil {
+		t.Fatalf("UpdateContainerResources: %v", err)
+	}
+	if data, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", e.cgroup, "crisp-"+server, "memory.limit_in_bytes")); err != nil || strings.TrimSpace(string(data)) != fmt.Sprint(96<<20) {
+		t.Errorf("memory limit after update: %q %v", data, err)
+	}
+	ticker := e.runCtr(ctx, podID, pod, ctrConfig("ticker", img, "sh", "-c", "while true; do echo tick; sleep 0.05; done"))
+	tickLog := filepath.Join(pod.LogDirectory, "ticker.log")
+	time.Sleep(200 * time.Millisecond)
+	if err := os.Rename(tickLog, tickLog+".1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.rt.ReopenContainerLog(ctx, &cri.ReopenContainerLogRequest{ContainerId: ticker}); err != nil {
+		t.Fatalf("ReopenContainerLog: %v", err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if rotated, fresh := len(logLines(t, tickLog+".1")), len(readLogIfAny(t, tickLog)); rotated == 0 || fresh == 0 {
+		t.Errorf("after rotation: %d lines in the old file, %d in the new", rotated, fresh)
+	}
+
 	// What crisp cannot do through a task-only shim is refused clearly.
 	if _, err := e.rt.CheckpointContainer(ctx, &cri.CheckpointContainerRequest{ContainerId: server, Location: filepath.Join(e.dir, "cp.tar")}); status.Code(err) != codes.Unimplemented {
 		t.Errorf("checkpoint: %v, want Unimplemented", err)
@@ -332,4 +371,13 @@ func testTaskShimRecovery(t *testing.T, ts taskShim) {
 	e.stopRemove(ctx, t, podID)
 	e.assertTaskShimClean(t)
 	e.assertNoPanic(t)
+}
+
+// readLogIfAny is logLines of a log that may not exist yet.
+func readLogIfAny(t *testing.T, path string) []string {
+	t.Helper()
+	if _, err := os.Stat(path); err != nil {
+		return nil
+	}
+	return logLines(t, path)
 }
