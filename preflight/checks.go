@@ -341,8 +341,38 @@ func checkShims(h Host, cfg config.Config) []Result {
 	var out []Result
 	for _, name := range cfg.HandlerNames() {
 		r := Result{Name: "runtime." + name + ".shim"}
-		p, err := h.ResolveShim(cfg.Runtimes[name].Shim)
+		rt := cfg.Runtimes[name]
+		p, err := h.ResolveShim(rt.Shim)
 		if err != nil {
+			r.Status, r.Detail = Fail, err.Error()
+		} else {
+			r.Detail = p
+		}
+		out = append(out, r)
+		if rt.Mode() == config.SandboxModeTask {
+			out = append(out, checkTaskShim(h, name, rt)...)
+		}
+	}
+	return out
+}
+
+// checkTaskShim: a task-only shim's pods need crisp's shim-runc as their pause, and
+// a runc shim the runc its options name (BinaryName, else runc on PATH).
+func checkTaskShim(h Host, name string, rt config.Runtime) []Result {
+	bins := [][2]string{{"pause", "shim-runc"}}
+	if strings.Contains(filepath.Base(rt.Shim), "runc") {
+		runc := "runc"
+		for k, v := range rt.Options {
+			if s, ok := v.(string); ok && strings.EqualFold(strings.ReplaceAll(k, "_", ""), "binaryname") && s != "" {
+				runc = s
+			}
+		}
+		bins = append(bins, [2]string{"runc", runc})
+	}
+	var out []Result
+	for _, b := range bins {
+		r := Result{Name: "runtime." + name + "." + b[0]}
+		if p, err := h.ResolveShim(b[1]); err != nil {
 			r.Status, r.Detail = Fail, err.Error()
 		} else {
 			r.Detail = p

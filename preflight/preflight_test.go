@@ -3,6 +3,7 @@ package preflight
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -288,6 +289,37 @@ func TestShims(t *testing.T) {
 	rs := checkShims(h, cfg)
 	if len(rs) != 2 || rs[0].Name != "runtime.kata.shim" || rs[0].Status != Fail || rs[1].Name != "runtime.runc.shim" || rs[1].Status != OK {
 		t.Errorf("got %+v, want kata FAIL then runc ok", rs)
+	}
+}
+
+// A task-only handler needs shim-runc as its pause and, for a runc shim, the runc its
+// options name.
+func TestTaskShims(t *testing.T) {
+	h := fakeHost(t, nil)
+	have := map[string]bool{"shim-runc": true, "containerd-shim-runc-v2": true, "containerd-shim-runsc-v1": true, "runc": true}
+	h.ResolveShim = func(name string) (string, error) {
+		if have[name] {
+			return "/usr/bin/" + name, nil
+		}
+		return "", errors.New("not found")
+	}
+	cfg := config.Default()
+	cfg.Runtimes = map[string]config.Runtime{
+		"a-runc":   {Shim: "containerd-shim-runc-v2", SandboxMode: "task", Options: map[string]any{"BinaryName": "/opt/runc-missing"}},
+		"b-plain":  {Shim: "containerd-shim-runc-v2", SandboxMode: "task"},
+		"c-gvisor": {Shim: "containerd-shim-runsc-v1", SandboxMode: "task"},
+	}
+	var got []string
+	for _, r := range checkShims(h, cfg) {
+		got = append(got, fmt.Sprintf("%s=%v", r.Name, r.Status))
+	}
+	want := []string{
+		"runtime.a-runc.shim=" + OK.String(), "runtime.a-runc.pause=" + OK.String(), "runtime.a-runc.runc=" + Fail.String(),
+		"runtime.b-plain.shim=" + OK.String(), "runtime.b-plain.pause=" + OK.String(), "runtime.b-plain.runc=" + OK.String(),
+		"runtime.c-gvisor.shim=" + OK.String(), "runtime.c-gvisor.pause=" + OK.String(),
+	}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("got %v\nwant %v", got, want)
 	}
 }
 
