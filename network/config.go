@@ -48,6 +48,10 @@ type Config struct {
 	// Timeout bounds the ADD, and the DEL, of a pod's network list (all its plugins
 	// together); a plugin still running then is killed. Default DefaultTimeout.
 	Timeout time.Duration
+	// CancelGrace is how long an ADD goes on after its caller gave up before its plugin
+	// is killed (within Timeout still): a plugin killed half-way can leave what no DEL
+	// finds. Default DefaultCancelGrace.
+	CancelGrace time.Duration
 	// PendingDir keeps the DELs handed to the background retrier (see pending.go), so
 	// that they survive a restart. Default: pending next to CacheDir.
 	PendingDir string
@@ -87,6 +91,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Timeout <= 0 {
 		c.Timeout = DefaultTimeout
+	}
+	if c.CancelGrace <= 0 {
+		c.CancelGrace = DefaultCancelGrace
 	}
 	if c.PendingDir == "" {
 		c.PendingDir = filepath.Join(filepath.Dir(c.CacheDir), "pending")

@@ -26,6 +26,10 @@ import (
 // waits on an unreachable datastore (calico, cilium) gives up well within it.
 const DefaultTimeout = time.Minute
 
+// DefaultCancelGrace is Config.CancelGrace when it is zero: healthy plugins finish an
+// ADD in milliseconds, and one waiting on a datastore gets a few seconds more.
+const DefaultCancelGrace = 5 * time.Second
+
 // pluginWaitDelay is how long a killed plugin's output pipes may stay open (held by
 // a process that escaped the kill) before the call returns anyway.
 const pluginWaitDelay = 2 * time.Second
@@ -56,6 +60,30 @@ func (c *timeoutCause) Error() string { return fmt.Sprintf("CNI timeout of %s", 
 // TimeoutError.
 func withTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeoutCause(ctx, d, &timeoutCause{d})
+}
+
+// withCallerGrace bounds an ADD by the CNI timeout d, and by the caller's context only
+// grace after the caller gave up: a plugin killed at once would be killed wherever it
+// is, maybe between reserving an address and recording whose it is. The ADD ends
+// with the cause the caller's context ended with, so that it still reads as the
+// caller's cancel (or deadline), not as a CNI timeout.
+func withCallerGrace(ctx context.Context, d, grace time.Duration) (context.Context, context.CancelFunc) {
+	inner, cancelInner := context.WithCancelCause(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() {
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancelInner(context.Cause(ctx))
+		case <-inner.Done():
+		}
+	})
+	tctx, cancelT := withTimeout(inner, d)
+	return tctx, func() {
+		stop()
+		cancelT()
+		cancelInner(context.Canceled)
+	}
 }
 
 // pluginExec runs CNI plugins like libcni's RawExec, but so that a deadline really
@@ -123,7 +151,8 @@ func contextErr(ctx context.Context, path string, environ []string) error {
 	if errors.As(context.Cause(ctx), &tc) {
 		return &TimeoutError{Plugin: filepath.Base(path), Command: cmd, Timeout: tc.d}
 	}
-	return fmt.Errorf("CNI plugin %s was killed in %s: %w", filepath.Base(path), cmd, ctx.Err())
+	// The cause: a caller's deadline stays a deadline after the grace (withCallerGrace).
+	return fmt.Errorf("CNI plugin %s was killed in %s: %w", filepath.Base(path), cmd, context.Cause(ctx))
 }
 
 // pluginErr is libcni's RawExec error for a plugin that failed: the CNI error the

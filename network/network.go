@@ -249,8 +249,10 @@ func (m *Manager) Ready() error {
 }
 
 // Setup attaches the pod's namespace to the network (CNI ADD), within the configured
-// timeout. If that fails, whatever the plugins did is undone (DEL) before the error is
-// returned, or, should the DEL fail too, left to the background retrier.
+// timeout; a caller that gives up stops the ADD only Config.CancelGrace later, so that
+// its plugins are not killed half-way for nothing. If the ADD fails, whatever the
+// plugins did is undone (DEL) before the error is returned, or, should the DEL fail
+// too, left to the background retrier.
 func (m *Manager) Setup(ctx context.Context, p Pod) (*Result, error) {
 	if p.ID == "" || p.NetNS == "" {
 		return nil, fmt.Errorf("set up network for pod %q: pod ID and netns path are required", p.ID)
@@ -274,7 +276,7 @@ func (m *Manager) Setup(ctx context.Context, p Pod) (*Result, error) {
 	}
 	defer release()
 	rt := runtimeConf(p)
-	actx, cancel := withTimeout(ctx, m.cfg.Timeout)
+	actx, cancel := withCallerGrace(ctx, m.cfg.Timeout, m.cfg.CancelGrace)
 	raw, err := m.cni.AddNetworkList(actx, list, rt)
 	cancel()
 	var res *Result
@@ -286,6 +288,8 @@ func (m *Manager) Setup(ctx context.Context, p Pod) (*Result, error) {
 		err = fmt.Errorf("set up network %q for pod %s (%s/%s): %w", list.Name, p.ID, p.Namespace, p.Name, err)
 		// The DEL runs even when ADD failed half-way (a veth made, an IP reserved), and
 		// whatever ended the caller's context must not cut it short (del bounds it).
+		// A plugin killed half-way may have reserved what the DEL cannot find.
+		defer m.releaseUnowned(context.WithoutCancel(ctx), hostLocalStores(list))
 		if derr := m.del(context.WithoutCancel(ctx), list, rt); derr != nil {
 			m.log.Error("undo failed CNI ADD", "pod", p.ID, "network", list.Name, "err", derr)
 			undo := *rt
@@ -319,8 +323,14 @@ func (m *Manager) Teardown(ctx context.Context, p Pod) error {
 // Release is Teardown for a pod whose creation is being undone: kubelet never learned
 // of it, so nobody would retry a failed DEL. The DEL goes to the background retrier at
 // its first failure, and the error is nil unless even that failed.
+//
+// It also frees the host-local reservations without an owner that a plugin killed
+// half-way leaves (see hostlocal.go): an undone creation is where a killed ADD ends up.
 func (m *Manager) Release(ctx context.Context, p Pod) error {
-	return m.teardown(ctx, p, 1)
+	stores := m.storesOf(p.ID)
+	err := m.teardown(ctx, p, 1)
+	m.releaseUnowned(ctx, stores)
+	return err
 }
 
 // teardown is Teardown that hands the DEL to the retrier after attempts failures.

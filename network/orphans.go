@@ -15,7 +15,9 @@ import (
 // CNI timeout kills those still running with their process groups. Recovery calls it
 // before it undoes a pod whose RunPodSandbox a crash cut short: the dead criserver's
 // ADD may still be running, and a DEL racing it leaves behind what the ADD adds after
-// the DEL (a NAT rule and chain, an IP). It returns how many plugins it found.
+// the DEL (a NAT rule and chain, an IP). A plugin killed here may leave what the DEL
+// cannot find; Release, which undoes the creation next, frees that too (hostlocal.go).
+// It returns how many plugins it found.
 func (m *Manager) AwaitOrphanPlugins(ctx context.Context, id string) int {
 	found := pluginsOf(id)
 	if len(found) == 0 {

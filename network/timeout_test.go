@@ -18,8 +18,10 @@ import (
 // fakePluginScript is a CNI plugin whose behaviour per command is read from
 // DIR/<plugin>.<COMMAND>: "fail" prints a CNI error, "hang" starts a child that keeps
 // stdout open and waits for it (a plugin stuck on an iptables lock or a datastore),
-// "leave" succeeds but leaves such a child behind; anything else succeeds. Every call
-// is logged to DIR/calls.
+// "leave" succeeds but leaves such a child behind, "slow" succeeds after half a second,
+// "reserve-hang" creates an empty file DIR/ipam/fakenet/10.99.0.9 (a host-local
+// reservation before its owner is written) and hangs; anything else succeeds. Every
+// call is logged to DIR/calls, a "slow" one also when it is done.
 const fakePluginScript = `#!/bin/sh
 dir=%q
 name=$(basename "$0")
@@ -28,6 +30,8 @@ case "$(cat "$dir/$name.$CNI_COMMAND" 2>/dev/null)" in
 fail) echo '{"cniVersion":"1.0.0","code":11,"msg":"injected failure"}'; exit 1 ;;
 hang) echo $$ > "$dir/$name.pids"; sleep 1000 & echo $! >> "$dir/$name.pids"; wait; exit 1 ;;
 leave) sleep 1000 & echo $! > "$dir/$name.pids" ;;
+slow) sleep 0.5; echo "$name $CNI_COMMAND done" >> "$dir/calls" ;;
+reserve-hang) mkdir -p "$dir/ipam/fakenet"; : > "$dir/ipam/fakenet/10.99.0.9"; sleep 1000 & wait; exit 1 ;;
 esac
 if [ "$CNI_COMMAND" = ADD ]; then
 	echo '{"cniVersion":"1.0.0","interfaces":[{"name":"eth0","sandbox":"/fake"}],"ips":[{"address":"10.99.0.2/24","interface":0}]}'
@@ -56,7 +60,7 @@ func newFakeNet(t *testing.T, timeout time.Duration, plugins ...string) *fakeNet
 	writeFiles(t, confDir, map[string]string{"10-fake.conflist": fmt.Sprintf(`{"cniVersion":"1.0.0","name":"fakenet","plugins":[%s]}`, strings.Join(confs, ","))})
 	m, err := New(Config{
 		ConfDir: confDir, BinDirs: []string{dir}, CacheDir: filepath.Join(dir, "cache"),
-		Timeout: timeout, RetryInterval: 50 * time.Millisecond,
+		Timeout: timeout, RetryInterval: 50 * time.Millisecond, CancelGrace: 200 * time.Millisecond,
 	}, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
