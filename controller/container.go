@@ -441,14 +441,29 @@ func (c *Controller) deleteFromAnyShim(ctx context.Context, id string) error {
 		ids = append(ids, sid)
 	}
 	c.mu.Unlock()
+	// A task-only shim's container names its pod in io.json: only that shim can have
+	// it, and its create may still be running (see deleteSettled).
+	if r, ok := readIORecord(c.opts.containerBundle(id)); ok {
+		ids = []string{r.SandboxID}
+		// The shim's create opens the output FIFOs after making the container and
+		// waits for a reader: give it one (the output is dropped), or it never ends.
+		r.LogPath = ""
+		if t, err := newTaskIO(c.opts.containerBundle(id), r, false, c.log.With("container", id)); err == nil {
+			defer t.close()
+		}
+	}
 	for _, sid := range ids {
-		tc, _, err := c.task(sid)
+		tc, sb, err := c.task(sid)
 		if err != nil {
 			continue // not running: nothing of it can run in that pod
 		}
-		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		_, err = tc.Delete(dctx, &taskapi.DeleteRequest{ID: id})
-		cancel()
+		if sb.isTaskOnly() {
+			err = c.deleteSettled(ctx, tc, sb, id)
+		} else {
+			dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			_, err = tc.Delete(dctx, &taskapi.DeleteRequest{ID: id})
+			cancel()
+		}
 		if err != nil {
 			if err := fromShim(err); !errdefs.IsNotFound(err) {
 				return fmt.Errorf("delete orphan container %s from the shim of pod %s: %w", id, sid, err)
@@ -456,4 +471,24 @@ func (c *Controller) deleteFromAnyShim(ctx context.Context, id string) error {
 		}
 	}
 	return nil
+}
+
+// orphanCreateWait is how long an orphan container of a task-only shim may still be
+// being created: the shim knows a container only once `runc create` (or its
+// equivalent) has returned, and it goes on with a Create whose caller died.
+const orphanCreateWait = 3 * time.Second
+
+// deleteSettled deletes container id from a task-only shim, waiting up to
+// orphanCreateWait for a create still in flight to finish first: deleted too early, the
+// container would be made after the delete and never found again. A create the shim
+// never finished is cleaned up instead.
+func (c *Controller) deleteSettled(ctx context.Context, tc taskapi.TTRPCTaskService, sb *sandbox, id string) error {
+	if !awaitTask(ctx, tc, id) {
+		c.cleanAbortedCreate(ctx, sb, id, c.opts.containerBundle(id))
+		return nil
+	}
+	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	_, err := tc.Delete(dctx, &taskapi.DeleteRequest{ID: id})
+	return err
 }

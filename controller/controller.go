@@ -504,6 +504,11 @@ func (c *Controller) startShim(ctx context.Context, sb *sandbox, spec Spec, adop
 			return fmt.Errorf("start shim for pod %s: %w", spec.ID, err)
 		}
 		sb.rec.Address, sb.rec.TaskAPI = addr, version
+		if sb.isTaskOnly() {
+			if err := writeBootstrap(sb.rec.Bundle, addr, version); err != nil {
+				return fmt.Errorf("record shim address of pod %s: %w", spec.ID, err)
+			}
+		}
 	}
 	defer func(t1 time.Time) {
 		c.log.Debug("shim started", "pod", spec.ID, "warm_spare", adopted, "bootstrap", t1.Sub(t0), "create_start", time.Since(t1))
@@ -783,6 +788,9 @@ func (c *Controller) teardown(ctx context.Context, sb *sandbox, timeout time.Dur
 	if pid == 0 {
 		pid = readShimPid(sb.rec.Bundle)
 	}
+	if pid == 0 && sb.isTaskOnly() {
+		pid = findShim(sb.rec.Bundle, sb.rec.ID)
+	}
 	if !isShimOf(pid, sb.rec.ID) {
 		// Never signal a pid the kernel may have handed to someone else.
 		pid = 0
@@ -796,6 +804,11 @@ func (c *Controller) teardown(ctx context.Context, sb *sandbox, timeout time.Dur
 		client.Close()
 	}
 	defer sb.closeShimLog()
+	if pid > 0 && (svc == nil || dead) && processAlive(pid) {
+		// Nobody could ask it to exit: a shim that does not answer serves no one.
+		c.log.Warn("shim unreachable; killing it", "pod", sb.rec.ID, "pid", pid)
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
 	if pid > 0 && !waitGone(pid, 5*time.Second) {
 		c.log.Warn("shim did not exit after shutdown; killing it", "pod", sb.rec.ID, "pid", pid)
 		_ = syscall.Kill(pid, syscall.SIGKILL)
@@ -803,6 +816,8 @@ func (c *Controller) teardown(ctx context.Context, sb *sandbox, timeout time.Dur
 	}
 	if sb.rec.Address != "" {
 		_ = os.Remove(trimUnix(sb.rec.Address))
+	} else if sb.isTaskOnly() {
+		c.removeShimSockets(&sb.rec)
 	}
 	if err := os.RemoveAll(sb.rec.Bundle); err != nil {
 		return fmt.Errorf("remove bundle of pod %s: %w", sb.rec.ID, err)

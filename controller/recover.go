@@ -48,18 +48,20 @@ func (c *Controller) Recover(ctx context.Context) ([]string, error) {
 				c.log.Info("waited for CNI plugins of the previous criserver", "pod", r.ID, "plugins", n)
 			}
 			if r.Address == "" {
-				// The shim may have started after the last write: it left its address.
-				// crisp's shim writes shim.address, containerd's shims address.
-				for _, name := range []string{"shim.address", "address"} {
-					if data, err := os.ReadFile(filepath.Join(r.Bundle, name)); err == nil {
-						sb.rec.Address = strings.TrimSpace(string(data))
-						break
-					}
+				// The shim may have started after the last write: crisp's shim leaves
+				// its address, criserver a task-only shim's start answer.
+				if data, err := os.ReadFile(filepath.Join(r.Bundle, "shim.address")); err == nil {
+					sb.rec.Address = strings.TrimSpace(string(data))
+				} else if addr, version, ok := readBootstrap(r.Bundle); ok {
+					sb.rec.Address, sb.rec.TaskAPI = addr, version
 				}
 			}
+			c.resumeShimLog(sb)
 			if sb.rec.Address != "" {
 				dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-				_ = c.connect(dctx, sb)
+				if c.connect(dctx, sb) == nil && sb.isTaskOnly() {
+					c.settlePause(ctx, sb)
+				}
 				cancel()
 			}
 			if err := c.teardown(ctx, sb, 0, true); err != nil {
@@ -75,6 +77,7 @@ func (c *Controller) Recover(ctx context.Context) ([]string, error) {
 		if r.Address == "" {
 			continue
 		}
+		c.resumeShimLog(sb)
 		dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		err := c.connect(dctx, sb)
 		cancel()
@@ -90,9 +93,6 @@ func (c *Controller) Recover(ctx context.Context) ([]string, error) {
 			c.watch(sb)
 		}
 		if sb.isTaskOnly() {
-			if err := c.openShimLog(sb, false); err != nil {
-				c.log.Warn("shim log of pod not copied", "pod", r.ID, "err", err)
-			}
 			c.recoverTaskIO(ctx, sb)
 		}
 		c.log.Info("reconnected to pod shim", "pod", r.ID, "address", r.Address)
@@ -195,9 +195,39 @@ func bundleLocked(bundle string) bool {
 // shimStartRunning reports whether a `<shim> ... -id id ... start` process is alive,
 // judged by the command line shimCall.args gives it.
 func shimStartRunning(id string) bool {
+	found := false
+	eachProcess(func(pid int, args []string) bool {
+		found = len(args) > 2 && args[len(args)-1] == "start" && hasArg(args, "-id", id) && processAlive(pid)
+		return found
+	})
+	return found
+}
+
+// findShim finds the running shim of pod id whose pid criserver does not know (a
+// task-only shim writes no pid file, and a crash may come before Connect told it):
+// the process with `-id id` on its command line, no start or delete action, working
+// in the pod's bundle, as runtime-v2 shims run.
+func findShim(bundle, id string) int {
+	shim := 0
+	eachProcess(func(pid int, args []string) bool {
+		if !hasArg(args, "-id", id) || args[len(args)-1] == "start" || args[len(args)-1] == "delete" {
+			return false
+		}
+		if cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid)); err != nil || cwd != bundle || !processAlive(pid) {
+			return false
+		}
+		shim = pid
+		return true
+	})
+	return shim
+}
+
+// eachProcess calls fn with the pid and command line of every process but criserver
+// until fn returns true.
+func eachProcess(fn func(pid int, args []string) bool) {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
-		return false
+		return
 	}
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
@@ -205,15 +235,13 @@ func shimStartRunning(id string) bool {
 			continue
 		}
 		data, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err != nil {
+		if err != nil || len(data) == 0 {
 			continue
 		}
-		args := strings.Split(strings.TrimSuffix(string(data), "\x00"), "\x00")
-		if len(args) > 2 && args[len(args)-1] == "start" && hasArg(args, "-id", id) && processAlive(pid) {
-			return true
+		if fn(pid, strings.Split(strings.TrimSuffix(string(data), "\x00"), "\x00")) {
+			return
 		}
 	}
-	return false
 }
 
 // hasArg reports whether args holds flag followed by value.

@@ -125,7 +125,13 @@ func (c *Controller) cleanDeadTaskShim(ctx context.Context, sb *sandbox) error {
 		c.dropTaskIO(id)
 	}
 	if _, err := c.call(&sb.rec).delete(ctx); err != nil {
-		errs = append(errs, fmt.Errorf("pause container: %w", err))
+		if sb.rec.Pid != 0 {
+			errs = append(errs, fmt.Errorf("pause container: %w", err))
+		} else {
+			// A pod whose start was cut short may have no pause container: containerd
+			// 1.x's shim cannot even run delete without the files Create writes.
+			c.log.Warn("delete of a pause container that may never have been created failed", "pod", sb.rec.ID, "err", err)
+		}
 	}
 	return errors.Join(errs...)
 }

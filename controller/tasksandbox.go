@@ -3,6 +3,8 @@ package controller
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -177,6 +179,137 @@ func (t *taskSandbox) UpdateSandbox(context.Context, *sandboxapi.UpdateSandboxRe
 	return nil, fmt.Errorf("update of a task-only shim's sandbox: %w", errdefs.ErrNotImplemented)
 }
 
+// bootstrapFile is where criserver records a task-only shim's start answer, as
+// containerd records it (containerd's shims keep no address file): recovery reads it
+// when criserver died before the pod was recorded.
+const bootstrapFile = "bootstrap.json"
+
+type bootstrapRecord struct {
+	Version  int    `json:"version"`
+	Address  string `json:"address"`
+	Protocol string `json:"protocol"`
+}
+
+func writeBootstrap(bundle, addr string, version int) error {
+	data, err := json.Marshal(bootstrapRecord{Version: version, Address: addr, Protocol: "ttrpc"})
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(bundle, bootstrapFile), data, 0o600)
+}
+
+// readBootstrap reads what writeBootstrap wrote; ok is false without it.
+func readBootstrap(bundle string) (addr string, version int, ok bool) {
+	data, err := os.ReadFile(filepath.Join(bundle, bootstrapFile))
+	if err != nil {
+		return "", 0, false
+	}
+	var r bootstrapRecord
+	if json.Unmarshal(data, &r) != nil || r.Address == "" {
+		return "", 0, false
+	}
+	return r.Address, r.Version, true
+}
+
+// settlePause waits, up to orphanCreateWait, for the shim to know the pause container
+// of a pod whose start was cut short: a Create the dead criserver sent goes on in the
+// shim, and a teardown that ran before it ended would leave the container behind. A
+// create the shim never finished is cleaned up (see cleanAbortedCreate).
+func (c *Controller) settlePause(ctx context.Context, sb *sandbox) {
+	tc, _, err := c.task(sb.rec.ID)
+	if err != nil || sb.rec.Pid != 0 {
+		return
+	}
+	if awaitTask(ctx, tc, sb.rec.ID) {
+		return
+	}
+	c.cleanAbortedCreate(ctx, sb, sb.rec.ID, sb.rec.Bundle)
+}
+
+// awaitTask polls the shim for task id for up to orphanCreateWait; false if the shim
+// never knew it.
+func awaitTask(ctx context.Context, tc taskapi.TTRPCTaskService, id string) bool {
+	deadline := time.Now().Add(orphanCreateWait)
+	for {
+		_, err := tc.State(ctx, &taskapi.StateRequest{ID: id})
+		if err == nil || !errdefs.IsNotFound(fromShim(err)) {
+			return true
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// cleanAbortedCreate removes what a create the shim never finished left: the shim
+// cancels a Create whose caller went away, which kills runc in the middle of `runc
+// create`, leaving its state dir (without state.json) and the cgroups it had made.
+// The shim's delete command runs `runc delete --force`, which removes such a state
+// dir; the cgroups, empty, are removed here (cgroupfs; under the systemd driver a
+// scope without processes is collected by systemd).
+func (c *Controller) cleanAbortedCreate(ctx context.Context, sb *sandbox, id, bundle string) {
+	call := c.call(&sb.rec)
+	call.id, call.bundle = id, bundle
+	if _, err := call.delete(ctx); err != nil {
+		c.log.Debug("delete of an unfinished create", "pod", sb.rec.ID, "id", id, "err", err)
+	}
+	var spec struct {
+		Linux struct {
+			CgroupsPath string `json:"cgroupsPath"`
+		} `json:"linux"`
+	}
+	data, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil || json.Unmarshal(data, &spec) != nil {
+		return
+	}
+	if n := removeEmptyCgroup(spec.Linux.CgroupsPath); n > 0 {
+		c.log.Info("removed the cgroups of a create cut short", "pod", sb.rec.ID, "id", id, "cgroups", n)
+	}
+}
+
+// removeEmptyCgroup removes cgroupfs path (as in an OCI cgroupsPath) from every
+// hierarchy under /sys/fs/cgroup where it exists and is empty; it never removes a
+// cgroup that holds processes or children (rmdir fails on those). It returns how many
+// it removed.
+func removeEmptyCgroup(cgPath string) int {
+	if !filepath.IsAbs(cgPath) || filepath.Clean(cgPath) != cgPath || cgPath == "/" {
+		return 0 // a systemd slice:prefix:name, or nothing to remove
+	}
+	const root = "/sys/fs/cgroup"
+	dirs := []string{root}
+	if entries, err := os.ReadDir(root); err == nil {
+		for _, e := range entries {
+			if e.IsDir() {
+				dirs = append(dirs, filepath.Join(root, e.Name()))
+			}
+		}
+	}
+	n := 0
+	for _, d := range dirs {
+		if os.Remove(filepath.Join(d, cgPath)) == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// removeShimSockets removes the socket of a task-only shim whose address criserver
+// never learnt (it died during the shim's start), where runtime-v2 shims put it:
+// sha256 of "<address>/<namespace>/<id>" in the socket dir crisp gives, or in
+// containerd's /run/containerd/s, where containerd 1.x shims always put theirs. The
+// name is the pod's alone and its shim is gone by now (the `start` that made the
+// socket may still hold it open for a moment, which is why nothing is dialled).
+func (c *Controller) removeShimSockets(rec *record) {
+	name := fmt.Sprintf("%x", sha256.Sum256([]byte(filepath.Join(c.opts.Address, rec.Namespace, rec.ID))))
+	for _, dir := range []string{c.opts.socketDir(), "/run/containerd/s"} {
+		p := filepath.Join(dir, name)
+		if err := os.Remove(p); err == nil {
+			c.log.Info("removed the socket of a shim whose start was cut short", "pod", rec.ID, "socket", p)
+		}
+	}
+}
+
 // taskShimPid asks a task-only shim for its pid (containerd's shims keep no pid file)
 // and records it in the bundle as shim.pid, where crisp finds its own shim's; 0 if
 // the shim does not answer.
@@ -233,6 +366,21 @@ func (c *Controller) openShimLog(sb *sandbox, create bool) error {
 		w.flush()
 	}()
 	return nil
+}
+
+// resumeShimLog reads a task-only shim's log FIFO again after a restart, before
+// anything is asked of the shim: containerd's shims block in their logger, and with
+// it in every call, while nobody reads it.
+func (c *Controller) resumeShimLog(sb *sandbox) {
+	if !sb.isTaskOnly() {
+		return
+	}
+	if _, err := os.Stat(filepath.Join(sb.rec.Bundle, shimLogFIFO)); err != nil {
+		return // the shim was never started
+	}
+	if err := c.openShimLog(sb, false); err != nil {
+		c.log.Warn("shim log of pod not copied", "pod", sb.rec.ID, "err", err)
+	}
 }
 
 // closeShimLog stops the copy of the shim's log.

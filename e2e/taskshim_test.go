@@ -66,10 +66,25 @@ func lookBinary(t *testing.T, path, pkg string) string {
 	return path
 }
 
+// containerdSockets is where containerd 1.x shims always put their sockets.
+const containerdSockets = "/run/containerd/s"
+
 // addTaskShim adds ts as the task-only runtime handler taskShimHandler to e's config
-// (before start).
+// (before start), and fails the test if it leaves a socket in containerdSockets.
 func (e *env) addTaskShim(t *testing.T, ts taskShim) {
 	t.Helper()
+	before := map[string]bool{}
+	for _, n := range dirNames(containerdSockets) {
+		before[n] = true
+	}
+	t.Cleanup(func() {
+		for _, n := range dirNames(containerdSockets) {
+			if !before[n] {
+				t.Errorf("shim socket left in %s: %s", containerdSockets, n)
+				_ = os.Remove(filepath.Join(containerdSockets, n))
+			}
+		}
+	})
 	shim, runc := ts.shim(t), ts.runc(t)
 	f, err := os.OpenFile(e.cfgPath, os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
@@ -380,4 +395,50 @@ func readLogIfAny(t *testing.T, path string) []string {
 		return nil
 	}
 	return logLines(t, path)
+}
+
+// criserver killed with SIGKILL at different points of a pod start on a task-only
+// shim (the shim's start, the pause container's create, a container's create): after
+// the restart every pod is whole and ready or gone, and nothing of an undone one is
+// left (shim, pause, runc state, bundles, netns, IP).
+func TestE2ETaskShimKill9DuringStart(t *testing.T) {
+	for _, ts := range taskShims {
+		t.Run(ts.name, func(t *testing.T) {
+			e := newEnv(t)
+			e.addTaskShim(t, ts)
+			e.start()
+			ctx := ctxT(t)
+			img := e.busybox(ctx)
+			for i, delay := range []time.Duration{5 * time.Millisecond, 15 * time.Millisecond, 30 * time.Millisecond, 50 * time.Millisecond, 80 * time.Millisecond} {
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					pod := e.taskPod(fmt.Sprintf("crash%d", i))
+					resp, err := e.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: pod, RuntimeHandler: taskShimHandler})
+					if err != nil {
+						return
+					}
+					_, _ = e.rt.CreateContainer(ctx, &cri.CreateContainerRequest{PodSandboxId: resp.PodSandboxId, Config: ctrConfig("c", img, "sleep", "1000"), SandboxConfig: pod})
+				}()
+				time.Sleep(delay)
+				e.kill9()
+				<-done
+				e.start()
+				list, err := e.rt.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, p := range list.Items {
+					st, info := e.status(ctx, p.Id)
+					if st.State != cri.PodSandboxState_SANDBOX_READY || st.Network.Ip == "" {
+						t.Errorf("delay %v: surviving pod %s is %v with IP %q", delay, p.Id, st.State, st.Network.Ip)
+					}
+					e.stopRemove(ctx, t, p.Id)
+					e.assertPodGone(t, p.Id, info)
+				}
+				e.assertTaskShimClean(t)
+			}
+			e.assertNoPanic(t)
+		})
+	}
 }
