@@ -244,13 +244,27 @@ func listen(path string) (net.Listener, error) {
 	return lis, nil
 }
 
-// socketFree fails when something answers on the socket at path.
+// socketBusyFor is how long the socket must keep taking connections before criserver
+// believes another one serves it. A criserver killed with SIGKILL can leave children
+// it had forked but not yet exec'd (CNI plugins, shims), which hold its listening
+// socket, close-on-exec, for a few milliseconds more: a connect then succeeds although
+// nobody will ever answer.
+const socketBusyFor = time.Second
+
+// socketFree fails when something keeps taking connections on the socket at path.
 func socketFree(path string) error {
-	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+	deadline := time.Now().Add(socketBusyFor)
+	for {
+		c, err := net.DialTimeout("unix", path, time.Second)
+		if err != nil {
+			return nil
+		}
 		c.Close()
-		return fmt.Errorf("socket %s is in use: is another criserver running?", path)
+		if time.Now().After(deadline) {
+			return fmt.Errorf("socket %s is in use: is another criserver running?", path)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
-	return nil
 }
 
 // logErrors logs every failed CRI call once, with its method and code.
