@@ -145,14 +145,9 @@ func (c *Controller) sumMetrics(ctx context.Context, sandboxID string, m *Metric
 		if err != nil {
 			continue // created but not started, or gone meanwhile
 		}
-		m.CPUUsageNanos += cm.CPUUsageNanos
-		m.MemoryUsage += cm.MemoryUsage
-		m.WorkingSet += cm.WorkingSet
-		m.RSS += cm.RSS
-		m.PageFaults += cm.PageFaults
-		m.MajorPageFaults += cm.MajorPageFaults
-		m.Pids += cm.Pids
-		m.OOMKills += cm.OOMKills
+		ts := m.Timestamp
+		m.Add(cm)
+		m.Timestamp = ts
 	}
 }
 

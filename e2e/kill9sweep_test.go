@@ -68,18 +68,7 @@ func TestE2EKill9SweepRunPodSandbox(t *testing.T) {
 			}
 			<-done
 			e.start()
-			list, err := e.rt.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, p := range list.Items {
-				st, info := e.status(ctx, p.Id)
-				if st.State != cri.PodSandboxState_SANDBOX_READY || st.Network.Ip == "" {
-					t.Errorf("delay %v cancel first %v: surviving pod %s is %v with IP %q", delay, cancelFirst, p.Id, st.State, st.Network.Ip)
-				}
-				e.stopRemove(ctx, t, p.Id)
-				e.assertPodGone(t, p.Id, info)
-			}
+			e.removeSurvivors(ctx, t, fmt.Sprintf("delay %v cancel first %v", delay, cancelFirst))
 			if left := e.ipamReservationFiles(); len(left) > 0 {
 				leaks++
 				t.Errorf("delay %v cancel first %v: IPAM reservations left: %v\ncriserver log of the iteration:\n%s", delay, cancelFirst, left, e.logFrom(logOff))

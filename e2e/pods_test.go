@@ -121,6 +121,25 @@ func (e *env) shimProcesses() []string {
 	return out
 }
 
+// removeSurvivors checks that every pod criserver lists after a restart that cut a
+// pod start short is whole (ready, with an IP), then stops and removes it and checks
+// that it left nothing; why names the case in errors.
+func (e *env) removeSurvivors(ctx context.Context, t *testing.T, why string) {
+	t.Helper()
+	list, err := e.rt.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range list.Items {
+		st, info := e.status(ctx, p.Id)
+		if st.State != cri.PodSandboxState_SANDBOX_READY || st.Network.Ip == "" {
+			t.Errorf("%s: surviving pod %s is %v with IP %q", why, p.Id, st.State, st.Network.Ip)
+		}
+		e.stopRemove(ctx, t, p.Id)
+		e.assertPodGone(t, p.Id, info)
+	}
+}
+
 func (e *env) stopRemove(ctx context.Context, t *testing.T, id string) {
 	t.Helper()
 	if _, err := e.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
@@ -624,18 +643,7 @@ func TestE2EKill9DuringRunPodSandbox(t *testing.T) {
 		e.kill9()
 		<-done
 		e.start()
-		list, err := e.rt.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, p := range list.Items {
-			st, info := e.status(ctx, p.Id)
-			if st.State != cri.PodSandboxState_SANDBOX_READY || st.Network.Ip == "" {
-				t.Errorf("delay %v: surviving pod %s is %v with IP %q", delay, p.Id, st.State, st.Network.Ip)
-			}
-			e.stopRemove(ctx, t, p.Id)
-			e.assertPodGone(t, p.Id, info)
-		}
+		e.removeSurvivors(ctx, t, fmt.Sprintf("delay %v", delay))
 		e.assertNodeClean(t)
 	}
 	log := e.log()

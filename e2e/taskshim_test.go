@@ -424,18 +424,7 @@ func TestE2ETaskShimKill9DuringStart(t *testing.T) {
 				e.kill9()
 				<-done
 				e.start()
-				list, err := e.rt.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				for _, p := range list.Items {
-					st, info := e.status(ctx, p.Id)
-					if st.State != cri.PodSandboxState_SANDBOX_READY || st.Network.Ip == "" {
-						t.Errorf("delay %v: surviving pod %s is %v with IP %q", delay, p.Id, st.State, st.Network.Ip)
-					}
-					e.stopRemove(ctx, t, p.Id)
-					e.assertPodGone(t, p.Id, info)
-				}
+				e.removeSurvivors(ctx, t, fmt.Sprintf("delay %v", delay))
 				e.assertTaskShimClean(t)
 			}
 			e.assertNoPanic(t)
