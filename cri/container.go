@@ -357,7 +357,7 @@ func (s *Service) generateSpec(id string, cfg *runtime.ContainerConfig, p *pod, 
 		SystemdCgroup:           s.cfg.CgroupDriver == "systemd",
 		TargetPid:               targetPid,
 		OOMScoreAdjFloor:        ownOOMScoreAdj(),
-		RecursiveReadOnlyMounts: s.rroSupported,
+		RecursiveReadOnlyMounts: s.handlerFeatures(p.rec.Handler).GetRecursiveReadOnlyMounts(),
 		CDI:                     s.cdi,
 	})
 }

@@ -156,6 +156,16 @@ func (s *Service) Version(context.Context, *runtime.VersionRequest) (*runtime.Ve
 	}, nil
 }
 
+// handlerFeatures are what pods on a handler can have. A task-only shim's runc may be
+// too old for recursive read-only mounts (runc < 1.2), and crisp sets up user
+// namespaces only in its own shim: neither is offered there.
+func (s *Service) handlerFeatures(name string) *runtime.RuntimeHandlerFeatures {
+	if s.cfg.Runtimes[name].Mode() == config.SandboxModeTask {
+		return &runtime.RuntimeHandlerFeatures{}
+	}
+	return &runtime.RuntimeHandlerFeatures{RecursiveReadOnlyMounts: s.rroSupported, UserNamespaces: s.usernsSupported}
+}
+
 // Status reports whether the runtime and the pod network are ready, and the features
 // kubelet checks before using them: per runtime handler recursive read-only mounts
 // (when the kernel has mount_setattr: the OCI spec's "rro" option is what every
@@ -176,14 +186,11 @@ func (s *Service) Status(_ context.Context, req *runtime.StatusRequest) (*runtim
 		// from the image's /etc/group); ContainerStatus.user reports the result.
 		Features: &runtime.RuntimeFeatures{SupplementalGroupsPolicy: true},
 	}
-	features := func() *runtime.RuntimeHandlerFeatures {
-		return &runtime.RuntimeHandlerFeatures{RecursiveReadOnlyMounts: s.rroSupported, UserNamespaces: s.usernsSupported}
-	}
 	for _, name := range s.cfg.HandlerNames() {
-		resp.RuntimeHandlers = append(resp.RuntimeHandlers, &runtime.RuntimeHandler{Name: name, Features: features()})
+		resp.RuntimeHandlers = append(resp.RuntimeHandlers, &runtime.RuntimeHandler{Name: name, Features: s.handlerFeatures(name)})
 		if name == s.cfg.DefaultRuntimeHandler {
 			// Kubelet looks up the default RuntimeClass under the empty name.
-			resp.RuntimeHandlers = append(resp.RuntimeHandlers, &runtime.RuntimeHandler{Name: "", Features: features()})
+			resp.RuntimeHandlers = append(resp.RuntimeHandlers, &runtime.RuntimeHandler{Name: "", Features: s.handlerFeatures(name)})
 		}
 	}
 	if req.GetVerbose() {

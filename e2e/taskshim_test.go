@@ -162,6 +162,24 @@ func testTaskShimPod(t *testing.T, ts taskShim) {
 	e.start()
 	ctx := ctxT(t)
 	img := e.busybox(ctx)
+	// Kubelet learns that the handler offers neither recursive read-only mounts nor
+	// user namespaces, which crisp sets up only with its own shim.
+	rtStatus, err := e.rt.Status(ctx, &cri.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, h := range rtStatus.GetRuntimeHandlers() {
+		if h.GetName() == taskShimHandler {
+			found = true
+			if h.GetFeatures().GetRecursiveReadOnlyMounts() || h.GetFeatures().GetUserNamespaces() {
+				t.Errorf("handler %s offers %v", h.GetName(), h.GetFeatures())
+			}
+		}
+	}
+	if !found {
+		t.Errorf("Status lists no handler %s: %v", taskShimHandler, rtStatus.GetRuntimeHandlers())
+	}
 	pod := e.taskPod("taskpod")
 	podID := e.runTaskPod(ctx, t, pod)
 
