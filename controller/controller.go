@@ -74,6 +74,9 @@ type Spec struct {
 	// PauseCgroupsPath is the OCI cgroupsPath of the pod's pause container, used when
 	// a task-only shim runs the pod.
 	PauseCgroupsPath string
+	// PauseAnnotations are added to the pause container's when a task-only shim runs
+	// the pod (containerd's: log directory, runtime handler, pod resources).
+	PauseAnnotations map[string]string
 }
 
 // Status is a sandbox as the controller knows it.

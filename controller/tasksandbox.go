@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -331,8 +332,12 @@ func (c *Controller) writePauseBundle(sb *sandbox, spec Spec) error {
 	}
 	pb := pauseBundle{
 		id: spec.ID, name: spec.Name, namespace: spec.Namespace, uid: spec.UID, netns: sb.rec.NetNS,
-		binary: c.opts.PauseBinary, cgroupsPath: spec.PauseCgroupsPath, annotations: spec.Annotations, opts: opts,
+		binary: c.opts.PauseBinary, cgroupsPath: spec.PauseCgroupsPath, annotations: maps.Clone(spec.Annotations), opts: opts,
 	}
+	if pb.annotations == nil {
+		pb.annotations = map[string]string{}
+	}
+	maps.Copy(pb.annotations, spec.PauseAnnotations)
 	if spec.HostNetwork {
 		pb.netns = ""
 	}

@@ -166,6 +166,7 @@ func (p pauseBundle) spec() (*specs.Spec, error) {
 	annotations[annotationSandboxNamespace] = p.namespace
 	annotations[annotationSandboxUID] = p.uid
 	oom := int(o.GetOomScoreAdj())
+	shares := uint64(2)
 	return &specs.Spec{
 		Version: specs.Version,
 		Process: &specs.Process{
@@ -187,10 +188,15 @@ func (p pauseBundle) spec() (*specs.Spec, error) {
 		},
 		Annotations: annotations,
 		Linux: &specs.Linux{
-			Namespaces:    nss,
-			Sysctl:        o.GetSysctls(),
-			CgroupsPath:   p.cgroupsPath,
-			Resources:     &specs.LinuxResources{Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}}},
+			Namespaces:  nss,
+			Sysctl:      o.GetSysctls(),
+			CgroupsPath: p.cgroupsPath,
+			// CPU shares 2, as containerd gives its pause: it must not weigh in the
+			// pod's share of the CPU (runc converts shares to a v2 weight).
+			Resources: &specs.LinuxResources{
+				Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
+				CPU:     &specs.LinuxCPU{Shares: &shares},
+			},
 			MaskedPaths:   []string{"/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug", "/proc/scsi"},
 			ReadonlyPaths: []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"},
 		},

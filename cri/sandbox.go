@@ -3,6 +3,7 @@ package cri
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 
 	"fmt"
 	"os"
@@ -115,6 +116,7 @@ func (s *Service) RunPodSandbox(ctx context.Context, req *runtime.RunPodSandboxR
 		Annotations:  cfg.GetAnnotations(),
 		CgroupParent: cfg.GetLinux().GetCgroupParent(),
 	}
+	ctrlSpec.PauseAnnotations = pauseAnnotations(cfg, handler)
 	// Only a task-only shim's pod runs its pause as an OCI container; validatePodConfig
 	// already refused a cgroup_parent the driver cannot take.
 	if ctrlSpec.PauseCgroupsPath, err = spec.CgroupsPath(ctrlSpec.CgroupParent, id, s.cfg.CgroupDriver == "systemd"); err != nil {
@@ -411,4 +413,21 @@ func rawOrNil(b json.RawMessage) any {
 		return nil
 	}
 	return b
+}
+
+// pauseAnnotations are the annotations containerd puts on a pod's sandbox container
+// besides the pod's own and the sandbox id, name, namespace and uid: task-only shims
+// that run a pod in a VM (Kata) size it from the pod's resources in them.
+func pauseAnnotations(cfg *runtime.PodSandboxConfig, handler string) map[string]string {
+	a := map[string]string{
+		"io.kubernetes.cri.sandbox-log-directory": cfg.GetLogDirectory(),
+		"io.containerd.cri.runtime-handler":       handler,
+	}
+	if res := cfg.GetLinux().GetResources(); res != nil {
+		a["io.kubernetes.cri.sandbox-cpu-period"] = strconv.FormatInt(res.GetCpuPeriod(), 10)
+		a["io.kubernetes.cri.sandbox-cpu-quota"] = strconv.FormatInt(res.GetCpuQuota(), 10)
+		a["io.kubernetes.cri.sandbox-cpu-shares"] = strconv.FormatInt(res.GetCpuShares(), 10)
+		a["io.kubernetes.cri.sandbox-memory"] = strconv.FormatInt(res.GetMemoryLimitInBytes(), 10)
+	}
+	return a
 }

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -181,6 +182,7 @@ func testTaskShimPod(t *testing.T, ts taskShim) {
 		t.Errorf("Status lists no handler %s: %v", taskShimHandler, rtStatus.GetRuntimeHandlers())
 	}
 	pod := e.taskPod("taskpod")
+	pod.Linux.Resources = &cri.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: 50000, CpuShares: 512, MemoryLimitInBytes: 256 << 20}
 	podID := e.runTaskPod(ctx, t, pod)
 
 	st, info := e.status(ctx, podID)
@@ -195,6 +197,22 @@ func testTaskShimPod(t *testing.T, ts taskShim) {
 	}
 	if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", info.Pid)); strings.TrimSpace(string(comm)) != "crisp-pause" {
 		t.Errorf("pause process %d is %q", info.Pid, comm)
+	}
+	// The pause container's spec carries what containerd gives a sandbox container.
+	var pauseSpec struct {
+		Annotations map[string]string `json:"annotations"`
+	}
+	if data, err := os.ReadFile(filepath.Join(e.state, "sandboxes", podID, "config.json")); err != nil || json.Unmarshal(data, &pauseSpec) != nil {
+		t.Fatalf("pause spec: %v", err)
+	}
+	for k, v := range map[string]string{
+		"io.kubernetes.cri.container-type": "sandbox", "io.kubernetes.cri.sandbox-id": podID, "io.kubernetes.cri.sandbox-name": "taskpod",
+		"io.kubernetes.cri.sandbox-namespace": "e2e", "io.kubernetes.cri.sandbox-memory": fmt.Sprint(256 << 20), "io.kubernetes.cri.sandbox-cpu-quota": "50000",
+		"io.kubernetes.cri.sandbox-log-directory": pod.LogDirectory, "e2e/annotation": "taskpod",
+	} {
+		if got := pauseSpec.Annotations[k]; got != v {
+			t.Errorf("pause annotation %s = %q, want %q", k, got, v)
+		}
 	}
 
 	server := e.runCtr(ctx, podID, pod, ctrConfig("server", img, "sh", "-c", "echo started; echo warn >&2; while true; do echo pong | nc -l -p 8080; done"))
