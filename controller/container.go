@@ -278,10 +278,21 @@ type ExecSpec struct {
 }
 
 // Exec creates and starts a process in a running container.
-func (c *Controller) Exec(ctx context.Context, es ExecSpec) error {
-	tc, _, err := c.task(es.SandboxID)
+func (c *Controller) Exec(ctx context.Context, es ExecSpec) (retErr error) {
+	tc, sb, err := c.task(es.SandboxID)
 	if err != nil {
 		return err
+	}
+	if sb.isTaskOnly() {
+		abort, err := c.discardOutputs(&es)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if retErr != nil {
+				abort()
+			}
+		}()
 	}
 	data, err := json.Marshal(es.Process)
 	if err != nil {

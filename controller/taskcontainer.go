@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 
@@ -11,7 +12,10 @@ import (
 	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/errdefs"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/crisp-runtime/crisp/config"
+	"github.com/crisp-runtime/crisp/fifoio"
 )
 
 // isTaskOnly reports whether the pod runs on a task-only shim; sb.mu need not be held
@@ -168,4 +172,42 @@ func (c *Controller) attachTaskOnly(sandboxID, id, stdin, stdout, stderr string)
 		return fmt.Errorf("attach to container %s: %w", id, err)
 	}
 	return nil
+}
+
+// discardOutputs gives an exec without stdout or stderr (a streaming client that asked
+// for neither) a FIFO whose output is dropped: containerd's runc shims insist on both
+// paths, as containerd's CRI always gives them. The FIFOs live in the container's bundle
+// and go once the exec's output ends; abort ends them at once, for an exec that did not
+// start.
+func (c *Controller) discardOutputs(es *ExecSpec) (abort func(), err error) {
+	var files []*os.File
+	abort = func() {
+		for _, f := range files {
+			_ = f.Close()
+		}
+	}
+	for name, p := range map[string]*string{"stdout": &es.Stdout, "stderr": &es.Stderr} {
+		if *p != "" || (es.Terminal && name == "stderr") {
+			continue
+		}
+		path := filepath.Join(c.opts.containerBundle(es.ContainerID), fmt.Sprintf("exec-%s-%s", es.ExecID, name))
+		if err := unix.Mkfifo(path, 0o600); err != nil {
+			abort()
+			return nil, fmt.Errorf("exec %s: FIFO for the unread %s: %w", es.ExecID, name, err)
+		}
+		f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if err != nil {
+			_ = os.Remove(path)
+			abort()
+			return nil, fmt.Errorf("exec %s: FIFO for the unread %s: %w", es.ExecID, name, err)
+		}
+		files = append(files, f)
+		*p = path
+		go func() {
+			_ = fifoio.CopyFIFOIn(io.Discard, f)
+			_ = f.Close()
+			_ = os.Remove(path)
+		}()
+	}
+	return abort, nil
 }

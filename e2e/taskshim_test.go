@@ -298,9 +298,25 @@ func testTaskShimPod(t *testing.T, ts taskShim) {
 	if e.ctrState(ctx, t, shell) != cri.ContainerState_CONTAINER_RUNNING {
 		t.Errorf("shell without stdin_once ended with its attach session")
 	}
+	// A terminal: the shim copies the pty to the stdout FIFO, which criserver logs and
+	// serves to attach sessions.
+	ttyCfg := stdinCtr("tty", img, false, "sh")
+	ttyCfg.Tty = true
+	ttyID := e.runCtr(ctx, podID, pod, ttyCfg)
+	ts2 := e.attach(ctx, t, ttyID, spdyTransport, true, strings.NewReader("echo $((40+2))-tty\n"))
+	ts2.ended(t, 10*time.Second)
+	if got := ts2.out.String(); !strings.Contains(got, "42-tty") {
+		t.Errorf("tty attach: output %q lacks 42-tty", got)
+	}
+	// An exec fed on stdin, through the streaming server.
+	var catOut bytes.Buffer
+	url := e.execURL(ctx, t, &cri.ExecRequest{ContainerId: server, Cmd: []string{"cat"}, Stdin: true, Stdout: true})
+	if err := stream(ctx, t, url, spdyTransport, remotecommand.StreamOptions{Stdin: strings.NewReader("fed\n"), Stdout: &catOut}); err != nil || catOut.String() != "fed\n" {
+		t.Errorf("exec cat with stdin: %q %v", catOut.String(), err)
+	}
 	// An exec with a terminal, through the streaming server.
 	var ttyOut bytes.Buffer
-	url := e.execURL(ctx, t, &cri.ExecRequest{ContainerId: server, Cmd: []string{"tty"}, Tty: true, Stdout: true})
+	url = e.execURL(ctx, t, &cri.ExecRequest{ContainerId: server, Cmd: []string{"tty"}, Tty: true, Stdout: true})
 	if err := stream(ctx, t, url, spdyTransport, remotecommand.StreamOptions{Stdout: &ttyOut, Tty: true}); err != nil || !strings.HasPrefix(ttyOut.String(), "/dev/pts/") {
 		t.Errorf("exec tty: %q %v", ttyOut.String(), err)
 	}
