@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -19,10 +20,12 @@ import (
 	sandboxapi "github.com/containerd/containerd/api/runtime/sandbox/v1"
 	taskapi "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/api/types"
+	runcoptions "github.com/containerd/containerd/api/types/runc/options"
 	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/ttrpc"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -254,6 +257,11 @@ func (c *Controller) cleanAbortedCreate(ctx context.Context, sb *sandbox, id, bu
 	call.id, call.bundle = id, bundle
 	if _, err := call.delete(ctx); err != nil {
 		c.log.Debug("delete of an unfinished create", "pod", sb.rec.ID, "id", id, "err", err)
+		// containerd 1.x's runc shim records its runc only once the create succeeded,
+		// so its delete cannot run after one that was cut short: ask runc directly.
+		if err := c.runcDelete(ctx, sb, id); err != nil {
+			c.log.Debug("runc delete of an unfinished create", "pod", sb.rec.ID, "id", id, "err", err)
+		}
 	}
 	var spec struct {
 		Linux struct {
@@ -267,6 +275,33 @@ func (c *Controller) cleanAbortedCreate(ctx context.Context, sb *sandbox, id, bu
 	if n := removeEmptyCgroup(spec.Linux.CgroupsPath); n > 0 {
 		c.log.Info("removed the cgroups of a create cut short", "pod", sb.rec.ID, "id", id, "cgroups", n)
 	}
+}
+
+// runcDelete runs `runc delete --force id` with the runc and root a runc shim of sb's
+// handler uses (its options' BinaryName and Root, in the shim's namespace); runc
+// removes the state dir of a create it did not finish. Other shims: nothing to do.
+func (c *Controller) runcDelete(ctx context.Context, sb *sandbox, id string) error {
+	if !isRuncShim(sb.rec.Shim) {
+		return nil
+	}
+	var o runcoptions.Options
+	if a := c.taskOpts[sb.rec.Handler]; a != nil {
+		if err := proto.Unmarshal(a.GetValue(), &o); err != nil {
+			return fmt.Errorf("decode runc options: %w", err)
+		}
+	}
+	bin, root := o.GetBinaryName(), o.GetRoot()
+	if bin == "" {
+		bin = "runc"
+	}
+	if root == "" {
+		root = "/run/containerd/runc" // containerd's runc shims' default
+	}
+	out, err := exec.CommandContext(ctx, bin, "--root", filepath.Join(root, sb.rec.Namespace), "delete", "--force", id).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s delete: %w: %s", bin, err, strings.TrimSpace(string(out)))
+	}
+	return nil
 }
 
 // removeEmptyCgroup removes cgroupfs path (as in an OCI cgroupsPath) from every
