@@ -491,34 +491,40 @@ func taskShimBinaries(t *testing.T) (shim, runc string) {
 	return shim, runc
 }
 
-// runTaskShim times -cycles pod cycles on the task-only handler, each next to one on
-// crisp's own shim, so that both see the same machine.
+// runTaskShim times -cycles pod cycles on the task-only handler, without and with a
+// warm spare, each next to one on crisp's own shim, so that all see the same machine.
 func runTaskShim(ctx context.Context, t *testing.T, w *Workload, res Results) error {
-	t.Logf("%s: %d pod cycles on containerd's runc shim, interleaved with its own", w.D.Name, *cycles)
-	task := &Workload{D: w.D, Image: w.Image, Handler: TaskShimHandler}
-	if _, err := task.Cycles(ctx, 3); err != nil { // warm-up
-		return fmt.Errorf("task shim: %w", err)
+	t.Logf("%s: %d pod cycles on containerd's runc shim (without and with a warm spare), interleaved with its own", w.D.Name, *cycles)
+	runs := []struct {
+		w      *Workload
+		prefix string
+		cs     []CycleTimes
+	}{
+		{w: w, prefix: "task_own_"},
+		{w: &Workload{D: w.D, Image: w.Image, Handler: TaskShimHandler}, prefix: "task_"},
+		{w: &Workload{D: w.D, Image: w.Image, Handler: TaskShimSpareHandler}, prefix: "task_spare_"},
 	}
-	var own, other []CycleTimes
-	for range *cycles {
-		for _, x := range []struct {
-			w   *Workload
-			out *[]CycleTimes
-		}{{w, &own}, {task, &other}} {
-			c, err := x.w.Cycle(ctx)
-			if err != nil {
-				return fmt.Errorf("handler %q: %w", x.w.Handler, err)
-			}
-			*x.out = append(*x.out, c)
+	for _, r := range runs[1:] {
+		if _, err := r.w.Cycles(ctx, 3); err != nil { // warm-up
+			return fmt.Errorf("handler %q: %w", r.w.Handler, err)
 		}
 	}
-	for prefix, cs := range map[string][]CycleTimes{"task_own_": own, "task_": other} {
-		pick := func(f func(CycleTimes) time.Duration) []time.Duration { return pickTimes(cs, f) }
+	for range *cycles {
+		for i := range runs {
+			c, err := runs[i].w.Cycle(ctx)
+			if err != nil {
+				return fmt.Errorf("handler %q: %w", runs[i].w.Handler, err)
+			}
+			runs[i].cs = append(runs[i].cs, c)
+		}
+	}
+	for _, r := range runs {
+		pick := func(f func(CycleTimes) time.Duration) []time.Duration { return pickTimes(r.cs, f) }
 		start := pick(CycleTimes.PodStart)
-		res.Ms(prefix+"pod_start_p50", Percentile(start, 50))
-		res.Ms(prefix+"pod_start_p99", Percentile(start, 99))
-		res.Ms(prefix+"run_pod_p50", Percentile(pick(func(c CycleTimes) time.Duration { return c.Run }), 50))
-		res.Ms(prefix+"cycle_p50", Percentile(pick(CycleTimes.Total), 50))
+		res.Ms(r.prefix+"pod_start_p50", Percentile(start, 50))
+		res.Ms(r.prefix+"pod_start_p99", Percentile(start, 99))
+		res.Ms(r.prefix+"run_pod_p50", Percentile(pick(func(c CycleTimes) time.Duration { return c.Run }), 50))
+		res.Ms(r.prefix+"cycle_p50", Percentile(pick(CycleTimes.Total), 50))
 	}
 	return nil
 }

@@ -66,8 +66,11 @@ type Spec struct {
 	TaskShim, TaskRunc string
 }
 
-// TaskShimHandler is the runtime handler of Spec.TaskShim.
-const TaskShimHandler = "runc-v2"
+// The runtime handlers of Spec.TaskShim: without and with a warm spare shim.
+const (
+	TaskShimHandler      = "runc-v2"
+	TaskShimSpareHandler = "runc-v2-spare"
+)
 
 // conflist is the CNI network both runtimes get: crisp's default network (bridge with
 // gateway, masquerade and hairpin, host-local IPAM, portmap), with the bridge, subnet
@@ -172,8 +175,10 @@ shim = %q
 namespace = "k8s.io"
 `, d.Socket, filepath.Join(s.Dir, "root"), filepath.Join(s.Dir, "state"), netd, filepath.Join(s.Bin, "shim-runc"))
 	if s.TaskShim != "" {
-		cfg += fmt.Sprintf("[runtimes.%s]\nshim = %q\nsandbox_mode = \"task\"\n[runtimes.%s.options]\nBinaryName = %q\n",
-			TaskShimHandler, s.TaskShim, TaskShimHandler, s.TaskRunc)
+		for h, spare := range map[string]bool{TaskShimHandler: false, TaskShimSpareHandler: true} {
+			cfg += fmt.Sprintf("[runtimes.%s]\nshim = %q\nsandbox_mode = \"task\"\nwarm_spare = %v\n[runtimes.%s.options]\nBinaryName = %q\n",
+				h, s.TaskShim, spare, h, s.TaskRunc)
+		}
 	}
 	if s.Metrics {
 		// A free port, found by listening on one: criserver logs the port it got only

@@ -128,6 +128,10 @@ var Metrics = []Metric{
 	{Key: "task_run_pod_p50", Name: "task shim: RunPodSandbox p50, runc v2 shim", Unit: "ms", CrispOnly: true},
 	{Key: "task_own_cycle_p50", Name: "task shim: pod cycle p50, crisp's shim", Unit: "ms", CrispOnly: true},
 	{Key: "task_cycle_p50", Name: "task shim: pod cycle p50, runc v2 shim", Unit: "ms", CrispOnly: true},
+	{Key: "task_spare_pod_start_p50", Name: "task shim: pod start p50, runc v2 with warm spare", Unit: "ms", CrispOnly: true},
+	{Key: "task_spare_pod_start_p99", Name: "task shim: pod start p99, runc v2 with warm spare", Unit: "ms", CrispOnly: true},
+	{Key: "task_spare_run_pod_p50", Name: "task shim: RunPodSandbox p50, runc v2 with warm spare", Unit: "ms", CrispOnly: true},
+	{Key: "task_spare_cycle_p50", Name: "task shim: pod cycle p50, runc v2 with warm spare", Unit: "ms", CrispOnly: true},
 }
 
 // Results are one runtime's figures by metric key.

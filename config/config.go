@@ -145,8 +145,8 @@ type Runtime struct {
 	Namespace string `toml:"namespace,omitempty"`
 	// WarmSpare keeps one started, idle shim ready for the handler's next pod, so that
 	// starting a shim (fork/exec, the Go runtime's start, the socket) is not part of
-	// RunPodSandbox. A table that leaves it out gets true: every handler's shim serves
-	// the sandbox API, which is what a spare is started for.
+	// RunPodSandbox. A table that leaves it out gets true, except a task-only handler's
+	// (sandbox_mode "task"), whose spare is another project's shim kept idle.
 	WarmSpare bool `toml:"warm_spare" comment:"keep one idle shim started for the handler's next pod: takes the shim start off RunPodSandbox for one idle shim's memory"`
 	// SandboxMode says what the shim serves: "sandbox" (the Sandbox API, as crisp's own
 	// shim does) or "task" (only the task API, as containerd-shim-runc-v2, gVisor's and
@@ -244,8 +244,8 @@ func Load(path string) (Config, error) {
 		return Config{}, fmt.Errorf("parse config %s: %w", path, err)
 	}
 	// warm_spare defaults to true in every table the file gives, not only in the
-	// default one it replaces; a task-only shim has no sandbox to keep warm, so its
-	// default is false.
+	// default one it replaces; for a task-only shim, whose spare is a shim of another
+	// project kept idle, it must be asked for.
 	for name, v := range probe.Runtimes {
 		if t, ok := v.(map[string]any); ok {
 			if _, set := t["warm_spare"]; !set && cfg.Runtimes[name].Mode() == SandboxModeSandbox {
@@ -300,9 +300,6 @@ func (c Config) Validate() error {
 				return fmt.Errorf("runtimes.%s.options is only for sandbox_mode = %q (crisp's own shim takes none)", name, SandboxModeTask)
 			}
 		case SandboxModeTask:
-			if r.WarmSpare {
-				return fmt.Errorf("runtimes.%s.warm_spare is only for sandbox_mode = %q: a task-only shim is started for its pod", name, SandboxModeSandbox)
-			}
 		default:
 			return fmt.Errorf("runtimes.%s.sandbox_mode must be %q or %q, got %q", name, SandboxModeSandbox, SandboxModeTask, r.SandboxMode)
 		}

@@ -78,7 +78,11 @@ func TestLoad(t *testing.T) {
 			}
 		}},
 		{name: "unknown sandbox mode", file: "[runtimes.runc]\nshim = \"/s\"\nsandbox_mode = \"vm\"\n", wantErr: "sandbox_mode"},
-		{name: "warm spare on a task-only shim", file: "[runtimes.runc]\nshim = \"/s\"\nsandbox_mode = \"task\"\nwarm_spare = true\n", wantErr: "warm_spare is only for"},
+		{name: "warm spare on a task-only shim is asked for", file: "[runtimes.runc]\nshim = \"/s\"\nsandbox_mode = \"task\"\nwarm_spare = true\n", check: func(t *testing.T, c Config) {
+			if !c.Runtimes["runc"].WarmSpare {
+				t.Errorf("runtimes.runc.warm_spare = false, want the file's true")
+			}
+		}},
 		{name: "options on a sandbox shim", file: "[runtimes.runc]\nshim = \"/s\"\n[runtimes.runc.options]\nRoot = \"/r\"\n", wantErr: "options is only for"},
 		{name: "warm spare not a bool", file: "[runtimes.runc]\nshim = \"/s\"\nwarm_spare = \"yes\"\n", wantErr: "warm_spare"},
 		{name: "cdi spec dirs default", file: "", check: func(t *testing.T, c Config) {

@@ -497,8 +497,10 @@ func (c *Controller) startShim(ctx context.Context, sb *sandbox, spec Spec, adop
 		if err := c.writePauseBundle(sb, spec); err != nil {
 			return err
 		}
-		if err := c.openShimLog(sb, true); err != nil {
-			return fmt.Errorf("start shim for pod %s: %w", spec.ID, err)
+		if !adopted { // an adopted spare's log is read already
+			if err := c.openShimLog(sb, true); err != nil {
+				return fmt.Errorf("start shim for pod %s: %w", spec.ID, err)
+			}
 		}
 	}
 	if !adopted {

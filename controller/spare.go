@@ -71,6 +71,7 @@ type spareRecord struct {
 	Namespace string    `json:"namespace"`
 	Bundle    string    `json:"bundle"`
 	CreatedAt time.Time `json:"created_at"`
+	Mode      string    `json:"mode,omitempty"`
 }
 
 // spare is a started and connected shim no pod uses yet.
@@ -360,6 +361,10 @@ func (c *Controller) startSpare(handler string, rt config.Runtime) error {
 		ns = "k8s.io"
 	}
 	id := NewID()
+	mode := ""
+	if rt.Mode() == config.SandboxModeTask {
+		mode = config.SandboxModeTask
+	}
 	sb := newSandbox(record{
 		ID:        id,
 		Phase:     phaseSpare,
@@ -368,10 +373,11 @@ func (c *Controller) startSpare(handler string, rt config.Runtime) error {
 		Namespace: ns,
 		Bundle:    filepath.Join(c.opts.bundleRoot(), id),
 		CreatedAt: time.Now(),
+		Mode:      mode,
 	})
 	t0 := time.Now()
 	if err := c.store.Put(spareBucket, id, spareRecord{ID: id, Handler: handler, Shim: shimBin, Namespace: ns,
-		Bundle: sb.rec.Bundle, CreatedAt: sb.rec.CreatedAt}); err != nil {
+		Bundle: sb.rec.Bundle, CreatedAt: sb.rec.CreatedAt, Mode: mode}); err != nil {
 		return fmt.Errorf("record warm spare: %w", err)
 	}
 	fail := func(err error) error {
@@ -384,13 +390,28 @@ func (c *Controller) startSpare(handler string, rt config.Runtime) error {
 	if err := os.WriteFile(filepath.Join(sb.rec.Bundle, SpareMarker), []byte(handler+"\n"), 0o600); err != nil {
 		return fail(fmt.Errorf("mark warm spare %s: %w", id, err))
 	}
+	if sb.isTaskOnly() {
+		// containerd's shims read the bundle's spec at start (for the pod they group
+		// by, which a spare has none of) and log to a FIFO someone must read.
+		if err := os.WriteFile(filepath.Join(sb.rec.Bundle, "config.json"), []byte("{}"), 0o600); err != nil {
+			return fail(fmt.Errorf("spec of warm spare %s: %w", id, err))
+		}
+		if err := c.openShimLog(sb, true); err != nil {
+			return fail(fmt.Errorf("warm spare %s: %w", id, err))
+		}
+	}
 	ctx, cancel := context.WithTimeout(c.bg, c.opts.ShimStartTimeout)
 	defer cancel()
-	addr, version, err := c.call(&sb.rec).start(ctx)
+	addr, version, err := c.startShimProcess(ctx, &sb.rec)
 	if err != nil {
 		return fail(fmt.Errorf("start shim of warm spare %s: %w", id, err))
 	}
 	sb.rec.Address, sb.rec.TaskAPI = addr, version
+	if sb.isTaskOnly() {
+		if err := writeBootstrap(sb.rec.Bundle, addr, version); err != nil {
+			return fail(fmt.Errorf("record shim address of warm spare %s: %w", id, err))
+		}
+	}
 	if err := c.connect(ctx, sb); err != nil {
 		return fail(fmt.Errorf("connect to shim of warm spare %s: %w", id, err))
 	}
@@ -431,7 +452,12 @@ func (c *Controller) retireSpare(sb *sandbox) {
 	if addr == "" {
 		if data, err := os.ReadFile(filepath.Join(bundle, "shim.address")); err == nil {
 			addr = strings.TrimSpace(string(data))
+		} else if a, _, ok := readBootstrap(bundle); ok {
+			addr = a
 		}
+	}
+	if pid == 0 && sb.isTaskOnly() {
+		pid = findShim(bundle, id)
 	}
 	if svc != nil {
 		if _, err := svc.ShutdownSandbox(ctx, &sandboxapi.ShutdownSandboxRequest{SandboxID: id}); err != nil && !errors.Is(err, ttrpc.ErrClosed) {
@@ -448,8 +474,11 @@ func (c *Controller) retireSpare(sb *sandbox) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 		waitGone(pid, 2*time.Second)
 	}
+	sb.closeShimLog()
 	if addr != "" {
 		_ = os.Remove(trimUnix(addr))
+	} else if sb.isTaskOnly() {
+		c.removeShimSockets(&sb.rec)
 	}
 	if err := os.RemoveAll(bundle); err != nil {
 		c.log.Error("remove bundle of warm spare shim", "pod", id, "err", err)
@@ -514,7 +543,7 @@ func (c *Controller) recoverSpares(ctx context.Context) error {
 		// A `shim start` of the killed criserver may still be going: its shim would
 		// be left behind.
 		waitShimStart(ctx, r.Bundle, r.ID, c.opts.ShimStartTimeout)
-		sb := newSandbox(record{ID: r.ID, Phase: phaseSpare, Handler: r.Handler, Shim: r.Shim, Namespace: r.Namespace, Bundle: r.Bundle})
+		sb := newSandbox(record{ID: r.ID, Phase: phaseSpare, Handler: r.Handler, Shim: r.Shim, Namespace: r.Namespace, Bundle: r.Bundle, Mode: r.Mode})
 		c.retireSpare(sb)
 		c.log.Info("removed warm spare shim of the previous run", "handler", r.Handler, "pod", r.ID)
 	}

@@ -28,6 +28,8 @@ const taskShimHandler = "runc-v2"
 // taskShim is a task-only shim the tests run pods on.
 type taskShim struct {
 	name string
+	// warmSpare asks for a warm spare shim for the handler.
+	warmSpare bool
 	// taskAPI is the task API version the shim serves.
 	taskAPI string
 	// shim and runc return the binaries, skipping the test when they are missing.
@@ -92,8 +94,8 @@ func (e *env) addTaskShim(t *testing.T, ts taskShim) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	fmt.Fprintf(f, "[runtimes.%s]\nshim = %q\nsandbox_mode = \"task\"\n[runtimes.%s.options]\nBinaryName = %q\n",
-		taskShimHandler, shim, taskShimHandler, runc)
+	fmt.Fprintf(f, "[runtimes.%s]\nshim = %q\nsandbox_mode = \"task\"\nwarm_spare = %v\n[runtimes.%s.options]\nBinaryName = %q\n",
+		taskShimHandler, shim, ts.warmSpare, taskShimHandler, runc)
 }
 
 // taskShimPids lists the containerd-shim-runc-v2 processes serving e's pods (their
@@ -480,6 +482,74 @@ func TestE2ETaskShimKill9DuringStart(t *testing.T) {
 				e.assertTaskShimClean(t)
 			}
 			e.assertNoPanic(t)
+		})
+	}
+}
+
+// taskSpare waits until the task-only handler has a warm spare whose shim serves and
+// that is not old, and returns it.
+func (e *env) taskSpare(t *testing.T, old string) warmSpare {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		for _, sp := range e.warmSpares() {
+			if sp.handler == taskShimHandler && sp.id != old && spareShimPid(sp) > 0 {
+				return sp
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no warm spare of %s within 10s; log:\n%s", taskShimHandler, e.log())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A task-only handler with warm_spare: the next pod adopts the spare shim (same id,
+// same process), a replacement starts, a restart retires the spare of the killed
+// criserver, and a clean stop leaves no shim of the handler behind.
+func TestE2ETaskShimWarmSpare(t *testing.T) {
+	for _, ts := range taskShims {
+		ts.warmSpare = true
+		t.Run(ts.name, func(t *testing.T) {
+			e := newEnv(t)
+			e.addTaskShim(t, ts)
+			e.start()
+			ctx := ctxT(t)
+			img := e.busybox(ctx)
+			sp := e.taskSpare(t, "")
+			pod := e.taskPod("spared")
+			podID := e.runTaskPod(ctx, t, pod)
+			_, info := e.status(ctx, podID)
+			if podID != sp.id || info.ShimPid != spareShimPid(sp) {
+				t.Errorf("pod %s with shim %d did not adopt spare %s with shim %d", podID, info.ShimPid, sp.id, spareShimPid(sp))
+			}
+			id := e.runCtr(ctx, podID, pod, ctrConfig("c", img, "sh", "-c", "echo from-spare; sleep 1000"))
+			if resp, err := e.execSync(ctx, id, 10, "echo", "hi"); err != nil || string(resp.Stdout) != "hi\n" {
+				t.Errorf("exec in the adopted shim's container: %v %v", resp, err)
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for st, _ := e.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: id}); !slices.Equal(readLogIfAny(t, st.GetStatus().GetLogPath()), []string{"stdout from-spare"}); {
+				if time.Now().After(deadline) {
+					t.Fatalf("log of the adopted shim's container: %q", readLogIfAny(t, st.GetStatus().GetLogPath()))
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			next := e.taskSpare(t, sp.id)
+			e.stopRemove(ctx, t, podID)
+			e.assertPodGone(t, podID, info)
+
+			// The killed criserver's spare is retired at the restart, and a new one made.
+			nextPid := spareShimPid(next)
+			e.kill9()
+			e.start()
+			e.taskSpare(t, next.id)
+			if nextPid == 0 || alive(nextPid) {
+				t.Errorf("the previous run's spare shim %d still runs (or was never known)", nextPid)
+			}
+			e.stop()
+			if pids := e.taskShimPids(); len(pids) > 0 {
+				t.Errorf("containerd-shim-runc-v2 processes left after criserver stopped: %v", pids)
+			}
 		})
 	}
 }
