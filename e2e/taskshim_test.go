@@ -99,7 +99,7 @@ func (e *env) addTaskShim(t *testing.T, ts taskShim) {
 }
 
 // taskShimPids lists the containerd-shim-runc-v2 processes serving e's pods (their
-// bundles lie under e's state dir).
+// bundles lie under e's state dir), warm spares aside.
 func (e *env) taskShimPids() []int {
 	var out []int
 	entries, _ := os.ReadDir("/proc")
@@ -110,6 +110,9 @@ func (e *env) taskShimPids() []int {
 		}
 		exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
 		cwd, _ := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
+		if _, err := os.Stat(filepath.Join(cwd, warmSpareMarker)); err == nil {
+			continue
+		}
 		if strings.HasSuffix(exe, "containerd-shim-runc-v2") && strings.HasPrefix(cwd, e.state+"/") {
 			out = append(out, pid)
 		}
@@ -456,7 +459,10 @@ func readLogIfAny(t *testing.T, path string) []string {
 // the restart every pod is whole and ready or gone, and nothing of an undone one is
 // left (shim, pause, runc state, bundles, netns, IP).
 func TestE2ETaskShimKill9DuringStart(t *testing.T) {
-	for _, ts := range taskShims {
+	// And once with a warm spare, which the pod start adopts.
+	spared := taskShims[0]
+	spared.name, spared.warmSpare = spared.name+"-warm-spare", true
+	for _, ts := range append(slices.Clone(taskShims), spared) {
 		t.Run(ts.name, func(t *testing.T) {
 			e := newEnv(t)
 			e.addTaskShim(t, ts)

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -59,7 +60,16 @@ func (e *env) warmSparesNow() (out []warmSpare, starting bool) {
 			continue
 		}
 		handler, _ := os.ReadFile(marker)
-		addr, _ := os.ReadFile(filepath.Join(bundle, "shim.address"))
+		addr, err := os.ReadFile(filepath.Join(bundle, "shim.address"))
+		if err != nil {
+			// A task-only shim's spare: criserver keeps its start answer.
+			var b struct {
+				Address string `json:"address"`
+			}
+			data, _ := os.ReadFile(filepath.Join(bundle, "bootstrap.json"))
+			_ = json.Unmarshal(data, &b)
+			addr = []byte(b.Address)
+		}
 		out = append(out, warmSpare{id: id, handler: strings.TrimSpace(string(handler)), bundle: bundle,
 			socket: strings.TrimPrefix(strings.TrimSpace(string(addr)), "unix://")})
 	}
