@@ -98,6 +98,17 @@ func (e *env) addTaskShim(t *testing.T, ts taskShim) {
 		taskShimHandler, shim, ts.warmSpare, taskShimHandler, runc)
 }
 
+// taskEnv starts a criserver with ts as the task-only handler taskShimHandler and
+// pulls busybox into it.
+func taskEnv(t *testing.T, ts taskShim) (*env, context.Context, string) {
+	t.Helper()
+	e := newEnv(t)
+	e.addTaskShim(t, ts)
+	e.start()
+	ctx := ctxT(t)
+	return e, ctx, e.busybox(ctx)
+}
+
 // taskShimPids lists the containerd-shim-runc-v2 processes serving e's pods (their
 // bundles lie under e's state dir), warm spares aside.
 func (e *env) taskShimPids() []int {
@@ -163,11 +174,7 @@ func TestE2ETaskShimPod(t *testing.T) {
 }
 
 func testTaskShimPod(t *testing.T, ts taskShim) {
-	e := newEnv(t)
-	e.addTaskShim(t, ts)
-	e.start()
-	ctx := ctxT(t)
-	img := e.busybox(ctx)
+	e, ctx, img := taskEnv(t, ts)
 	// Kubelet learns that the handler offers neither recursive read-only mounts nor
 	// user namespaces, which crisp sets up only with its own shim.
 	rtStatus, err := e.rt.Status(ctx, &cri.StatusRequest{})
@@ -383,11 +390,7 @@ func TestE2ETaskShimRecovery(t *testing.T) {
 }
 
 func testTaskShimRecovery(t *testing.T, ts taskShim) {
-	e := newEnv(t)
-	e.addTaskShim(t, ts)
-	e.start()
-	ctx := ctxT(t)
-	img := e.busybox(ctx)
+	e, ctx, img := taskEnv(t, ts)
 	pod := e.taskPod("taskrec")
 	podID := e.runTaskPod(ctx, t, pod)
 	ticker := e.runCtr(ctx, podID, pod, ctrConfig("ticker", img, "sh", "-c", "i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.05; done"))
@@ -464,11 +467,7 @@ func TestE2ETaskShimKill9DuringStart(t *testing.T) {
 	spared.name, spared.warmSpare = spared.name+"-warm-spare", true
 	for _, ts := range append(slices.Clone(taskShims), spared) {
 		t.Run(ts.name, func(t *testing.T) {
-			e := newEnv(t)
-			e.addTaskShim(t, ts)
-			e.start()
-			ctx := ctxT(t)
-			img := e.busybox(ctx)
+			e, ctx, img := taskEnv(t, ts)
 			for i, delay := range []time.Duration{5 * time.Millisecond, 15 * time.Millisecond, 30 * time.Millisecond, 50 * time.Millisecond, 80 * time.Millisecond} {
 				done := make(chan struct{})
 				go func() {
@@ -517,11 +516,7 @@ func TestE2ETaskShimWarmSpare(t *testing.T) {
 	for _, ts := range taskShims {
 		ts.warmSpare = true
 		t.Run(ts.name, func(t *testing.T) {
-			e := newEnv(t)
-			e.addTaskShim(t, ts)
-			e.start()
-			ctx := ctxT(t)
-			img := e.busybox(ctx)
+			e, ctx, img := taskEnv(t, ts)
 			sp := e.taskSpare(t, "")
 			pod := e.taskPod("spared")
 			podID := e.runTaskPod(ctx, t, pod)
