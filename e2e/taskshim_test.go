@@ -370,6 +370,19 @@ func testTaskShimPod(t *testing.T, ts taskShim) {
 		t.Errorf("after rotation: %d lines in the old file, %d in the new", rotated, fresh)
 	}
 
+	// An ExecSync past its timeout is killed; StopContainer escalates to SIGKILL.
+	start := time.Now()
+	if _, err := e.execSync(ctx, server, 1, "sleep", "30"); status.Code(err) != codes.DeadlineExceeded || time.Since(start) > 5*time.Second {
+		t.Errorf("exec timeout: %v after %v", err, time.Since(start))
+	}
+	stubborn := e.runCtr(ctx, podID, pod, ctrConfig("stubborn", img, "sh", "-c", "trap '' TERM; sleep 1000 & wait"))
+	if _, err := e.rt.StopContainer(ctx, &cri.StopContainerRequest{ContainerId: stubborn, Timeout: 1}); err != nil {
+		t.Fatalf("StopContainer: %v", err)
+	}
+	if st := e.waitExit(ctx, stubborn, 5*time.Second); st.ExitCode != 137 {
+		t.Errorf("stopped container exit %d, want 137", st.ExitCode)
+	}
+
 	// What crisp cannot do through a task-only shim is refused clearly.
 	if _, err := e.rt.CheckpointContainer(ctx, &cri.CheckpointContainerRequest{ContainerId: server, Location: filepath.Join(e.dir, "cp.tar")}); status.Code(err) != codes.Unimplemented {
 		t.Errorf("checkpoint: %v, want Unimplemented", err)
