@@ -489,17 +489,27 @@ func (c *Controller) deleteFromAnyShim(ctx context.Context, id string) error {
 // equivalent) has returned, and it goes on with a Create whose caller died.
 const orphanCreateWait = 3 * time.Second
 
+// orphanDeleteTimeout bounds the task Delete of an orphan container of a task-only
+// shim. containerd's runc shim was seen, rarely, never answering the Delete of a
+// container whose Create had a caller that died; recovery must not wait on it.
+const orphanDeleteTimeout = 5 * time.Second
+
 // deleteSettled deletes container id from a task-only shim, waiting up to
 // orphanCreateWait for a create still in flight to finish first: deleted too early, the
 // container would be made after the delete and never found again. A create the shim
-// never finished is cleaned up instead.
+// never finished, or a delete it does not answer, is cleaned up without the shim.
 func (c *Controller) deleteSettled(ctx context.Context, tc taskapi.TTRPCTaskService, sb *sandbox, id string) error {
 	if !awaitTask(ctx, tc, id) {
 		c.cleanAbortedCreate(ctx, sb, id, c.opts.containerBundle(id))
 		return nil
 	}
-	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	dctx, cancel := context.WithTimeout(ctx, orphanDeleteTimeout)
 	defer cancel()
 	_, err := tc.Delete(dctx, &taskapi.DeleteRequest{ID: id})
+	if err != nil && dctx.Err() != nil && ctx.Err() == nil {
+		c.log.Warn("shim did not delete an orphan container in time; removing it without the shim", "pod", sb.rec.ID, "container", id, "timeout", orphanDeleteTimeout)
+		c.cleanAbortedCreate(ctx, sb, id, c.opts.containerBundle(id))
+		return nil
+	}
 	return err
 }

@@ -168,6 +168,10 @@ func (e *env) start() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := e.rt.Version(ctx, &cri.VersionRequest{}, grpc.WaitForReady(true)); err != nil {
+		// SIGQUIT has the Go runtime write every goroutine's stack to the log: where
+		// a start hangs.
+		_ = cmd.Process.Signal(syscall.SIGQUIT)
+		time.Sleep(time.Second)
 		e.t.Fatalf("criserver does not answer: %v\n%s", err, e.log())
 	}
 }
