@@ -112,7 +112,8 @@ type record struct {
 	CreatedAt     time.Time   `json:"created_at"`
 	ExitedAt      time.Time   `json:"exited_at,omitzero"`
 	NetworkDone   bool        `json:"network_done"`
-	// Mode is the handler's sandbox_mode when the pod was made ("" = sandbox), and
+	// Mode is the handler's sandbox_mode when the pod was made ("" in records of
+	// older versions: sandbox), and
 	// TaskAPI the task API version its shim's start answered (2 or 3).
 	Mode        string        `json:"mode,omitempty"`
 	TaskAPI     int           `json:"task_api,omitempty"`
@@ -275,20 +276,27 @@ func (c *Controller) call(rec *record) shimCall {
 
 // startShimProcess runs the shim's start. A task-only shim that refuses the
 // bootstrap protocol (containerd 1.x shims read stdin as runtime options) is started
-// again the legacy way, which its handler then keeps using.
+// again the legacy way, which its handler then keeps using; its answer is kept in the
+// bundle (bootstrap.json) for recovery.
 func (c *Controller) startShimProcess(ctx context.Context, rec *record) (string, int, error) {
 	call := c.call(rec)
 	addr, version, err := call.start(ctx)
-	if err == nil || rec.Mode != config.SandboxModeTask || call.legacy {
+	if err != nil && rec.Mode == config.SandboxModeTask && !call.legacy {
+		call.legacy = true
+		var lerr error
+		if addr, version, lerr = call.start(ctx); lerr != nil {
+			return "", 0, fmt.Errorf("%w; started the legacy way: %w", err, lerr)
+		}
+		err = nil
+		c.legacyStart.Store(rec.Handler, true)
+		c.log.Info("task-only shim takes the legacy start protocol", "handler", rec.Handler, "shim", rec.Shim)
+	}
+	if err != nil || rec.Mode != config.SandboxModeTask {
 		return addr, version, err
 	}
-	call.legacy = true
-	addr, version, lerr := call.start(ctx)
-	if lerr != nil {
-		return "", 0, fmt.Errorf("%w; started the legacy way: %w", err, lerr)
+	if err := writeBootstrap(rec.Bundle, addr, version); err != nil {
+		return "", 0, fmt.Errorf("record the address of shim %s: %w", rec.ID, err)
 	}
-	c.legacyStart.Store(rec.Handler, true)
-	c.log.Info("task-only shim takes the legacy start protocol", "handler", rec.Handler, "shim", rec.Shim)
 	return addr, version, nil
 }
 
@@ -307,15 +315,11 @@ func (c *Controller) Create(ctx context.Context, spec Spec) (_ *Status, retErr e
 	if ns == "" {
 		ns = "k8s.io"
 	}
-	mode := ""
-	if rt.Mode() == config.SandboxModeTask {
-		mode = config.SandboxModeTask
-		if spec.Sandbox.GetUserns() != nil {
-			return nil, fmt.Errorf("runtime handler %q runs a task-only shim: crisp sets up user namespaces only with its own shim: %w", spec.Handler, errdefs.ErrInvalidArgument)
-		}
+	if rt.Mode() == config.SandboxModeTask && spec.Sandbox.GetUserns() != nil {
+		return nil, fmt.Errorf("runtime handler %q runs a task-only shim: crisp sets up user namespaces only with its own shim: %w", spec.Handler, errdefs.ErrInvalidArgument)
 	}
 	rec := record{
-		Mode:        mode,
+		Mode:        rt.Mode(),
 		ID:          spec.ID,
 		Phase:       phaseCreating,
 		Handler:     spec.Handler,
@@ -492,15 +496,8 @@ func (c *Controller) startShim(ctx context.Context, sb *sandbox, spec Spec, adop
 	defer cancel()
 	t0 := time.Now()
 	if sb.isTaskOnly() {
-		// The shim reads the pause container's spec at start (containerd's runc shim
-		// groups by its annotations), and wants its log FIFO.
-		if err := c.writePauseBundle(sb, spec); err != nil {
+		if err := c.prepareTaskShim(sb, spec, adopted); err != nil {
 			return err
-		}
-		if !adopted { // an adopted spare's log is read already
-			if err := c.openShimLog(sb, true); err != nil {
-				return fmt.Errorf("start shim for pod %s: %w", spec.ID, err)
-			}
 		}
 	}
 	if !adopted {
@@ -509,11 +506,6 @@ func (c *Controller) startShim(ctx context.Context, sb *sandbox, spec Spec, adop
 			return fmt.Errorf("start shim for pod %s: %w", spec.ID, err)
 		}
 		sb.rec.Address, sb.rec.TaskAPI = addr, version
-		if sb.isTaskOnly() {
-			if err := writeBootstrap(sb.rec.Bundle, addr, version); err != nil {
-				return fmt.Errorf("record shim address of pod %s: %w", spec.ID, err)
-			}
-		}
 	}
 	defer func(t1 time.Time) {
 		c.log.Debug("shim started", "pod", spec.ID, "warm_spare", adopted, "bootstrap", t1.Sub(t0), "create_start", time.Since(t1))

@@ -361,10 +361,7 @@ func (c *Controller) startSpare(handler string, rt config.Runtime) error {
 		ns = "k8s.io"
 	}
 	id := NewID()
-	mode := ""
-	if rt.Mode() == config.SandboxModeTask {
-		mode = config.SandboxModeTask
-	}
+	mode := rt.Mode()
 	sb := newSandbox(record{
 		ID:        id,
 		Phase:     phaseSpare,
@@ -407,11 +404,6 @@ func (c *Controller) startSpare(handler string, rt config.Runtime) error {
 		return fail(fmt.Errorf("start shim of warm spare %s: %w", id, err))
 	}
 	sb.rec.Address, sb.rec.TaskAPI = addr, version
-	if sb.isTaskOnly() {
-		if err := writeBootstrap(sb.rec.Bundle, addr, version); err != nil {
-			return fail(fmt.Errorf("record shim address of warm spare %s: %w", id, err))
-		}
-	}
 	if err := c.connect(ctx, sb); err != nil {
 		return fail(fmt.Errorf("connect to shim of warm spare %s: %w", id, err))
 	}

@@ -359,6 +359,23 @@ func taskShimPid(ctx context.Context, tc taskapi.TTRPCTaskService, rec record) i
 	return pid
 }
 
+// prepareTaskShim readies the bundle of a task-only shim's pod before its start: the
+// shim reads the pause container's spec at start (containerd's runc shim groups by its
+// annotations) and logs to a FIFO someone must read (an adopted spare's is read
+// already).
+func (c *Controller) prepareTaskShim(sb *sandbox, spec Spec, adopted bool) error {
+	if err := c.writePauseBundle(sb, spec); err != nil {
+		return err
+	}
+	if adopted {
+		return nil
+	}
+	if err := c.openShimLog(sb, true); err != nil {
+		return fmt.Errorf("start shim for pod %s: %w", spec.ID, err)
+	}
+	return nil
+}
+
 // writePauseBundle writes the pause container's bundle of a task-only shim's pod.
 func (c *Controller) writePauseBundle(sb *sandbox, spec Spec) error {
 	opts := spec.Sandbox

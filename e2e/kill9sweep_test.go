@@ -56,16 +56,7 @@ func TestE2EKill9SweepRunPodSandbox(t *testing.T) {
 				_, _ = e.rt.RunPodSandbox(rctx, &cri.RunPodSandboxRequest{Config: e.podConfig(name)})
 			}()
 			time.Sleep(delay)
-			if cancelFirst {
-				// As kubelet's timeout or a closed connection does: the server sees the
-				// cancel a moment before it dies.
-				cancel()
-				time.Sleep(250 * time.Microsecond)
-				e.kill9()
-			} else {
-				e.hardKill()
-				cancel()
-			}
+			e.crash(cancel, cancelFirst, 250*time.Microsecond)
 			<-done
 			e.start()
 			e.removeSurvivors(ctx, t, fmt.Sprintf("delay %v cancel first %v", delay, cancelFirst))
@@ -199,15 +190,8 @@ exec /usr/lib/cni/host-local
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
-		if cancelFirst {
-			cancel()
-			// Time for criserver to act on the cancel before it dies.
-			time.Sleep(100 * time.Millisecond)
-			e.kill9()
-		} else {
-			e.hardKill()
-			cancel()
-		}
+		// Time for criserver to act on the cancel before it dies.
+		e.crash(cancel, cancelFirst, 100*time.Millisecond)
 		<-done
 		e.start()
 		list, err := e.rt.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{})
@@ -258,4 +242,18 @@ func (e *env) wrapPlugins(t *testing.T, scripts map[string]string, cniExtra stri
 	if err := os.WriteFile(e.cfgPath, cfg, 0o600); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// crash kills criserver with SIGKILL during a call whose context cancel ends. With
+// cancelFirst the server sees the cancel (a kubelet timeout, a closed connection)
+// pause before it dies; else it dies first and the cancel comes after.
+func (e *env) crash(cancel context.CancelFunc, cancelFirst bool, pause time.Duration) {
+	if cancelFirst {
+		cancel()
+		time.Sleep(pause)
+		e.kill9()
+		return
+	}
+	e.hardKill()
+	cancel()
 }
