@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 
@@ -266,7 +268,97 @@ func (c *Controller) UpdateContainer(ctx context.Context, sandboxID, id string, 
 	if _, err := tc.Update(ctx, &taskapi.UpdateTaskRequest{ID: id, Resources: &anypb.Any{TypeUrl: resourcesTypeURL, Value: data}}); err != nil {
 		return fmt.Errorf("update container %s: %w", id, fromShim(err))
 	}
+	// The bundle's spec is what a verbose ContainerStatus and a checkpoint's spec.dump
+	// show: it follows the update, as containerd's stored container spec does. The
+	// cgroup already has the new values, so a failure here is only logged.
+	if err := updateSpecResources(filepath.Join(c.opts.containerBundle(id), "config.json"), res); err != nil {
+		c.log.Warn("container updated, but its spec file still shows the old resources", "container", id, "err", err)
+	}
 	return nil
+}
+
+// updateSpecResources applies an update's resources to the spec file at path the way
+// the shim applies them to the cgroup (`runc update`): only what res sets changes;
+// devices and everything else in the spec are kept.
+func updateSpecResources(path string, res *specs.LinuxResources) error {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var s specs.Spec
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return fmt.Errorf("decode %s: %w", path, err)
+	}
+	if s.Linux == nil {
+		s.Linux = &specs.Linux{}
+	}
+	if s.Linux.Resources == nil {
+		s.Linux.Resources = &specs.LinuxResources{}
+	}
+	mergeSpecResources(s.Linux.Resources, res)
+	if raw, err = json.Marshal(&s); err != nil {
+		return fmt.Errorf("encode %s: %w", path, err)
+	}
+	tmp := path + ".update"
+	if err := os.WriteFile(tmp, raw, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// mergeSpecResources sets in dst what upd sets.
+func mergeSpecResources(dst, upd *specs.LinuxResources) {
+	if m := upd.Memory; m != nil {
+		if dst.Memory == nil {
+			dst.Memory = &specs.LinuxMemory{}
+		}
+		if m.Limit != nil {
+			dst.Memory.Limit = m.Limit
+		}
+		if m.Swap != nil {
+			dst.Memory.Swap = m.Swap
+		}
+		if m.Reservation != nil {
+			dst.Memory.Reservation = m.Reservation
+		}
+	}
+	if c := upd.CPU; c != nil {
+		if dst.CPU == nil {
+			dst.CPU = &specs.LinuxCPU{}
+		}
+		if c.Shares != nil {
+			dst.CPU.Shares = c.Shares
+		}
+		if c.Quota != nil {
+			dst.CPU.Quota = c.Quota
+		}
+		if c.Period != nil {
+			dst.CPU.Period = c.Period
+		}
+		if c.Cpus != "" {
+			dst.CPU.Cpus = c.Cpus
+		}
+		if c.Mems != "" {
+			dst.CPU.Mems = c.Mems
+		}
+	}
+	if upd.Pids != nil {
+		dst.Pids = upd.Pids
+	}
+	for _, h := range upd.HugepageLimits {
+		i := slices.IndexFunc(dst.HugepageLimits, func(o specs.LinuxHugepageLimit) bool { return o.Pagesize == h.Pagesize })
+		if i >= 0 {
+			dst.HugepageLimits[i] = h
+		} else {
+			dst.HugepageLimits = append(dst.HugepageLimits, h)
+		}
+	}
+	if len(upd.Unified) > 0 {
+		if dst.Unified == nil {
+			dst.Unified = map[string]string{}
+		}
+		maps.Copy(dst.Unified, upd.Unified)
+	}
 }
 
 // ExecSpec is one process to run in a container.

@@ -687,14 +687,7 @@ func (s *Service) containerStatus(c *container) (*runtime.ContainerStatus, conta
 			Uid: int64(rec.User.UID), Gid: int64(rec.User.GID), SupplementalGroups: toInt64s(rec.User.AdditionalGIDs),
 		}},
 	}
-	res := cfg.GetLinux().GetResources()
-	if len(rec.Resources) > 0 {
-		var r runtime.LinuxContainerResources
-		if protojson.Unmarshal(rec.Resources, &r) == nil {
-			res = &r
-		}
-	}
-	if res != nil {
+	if res := currentResources(rec, cfg); res != nil {
 		st.Resources = &runtime.ContainerResources{Linux: res}
 	}
 	st.Image.Image = s.imageTag(rec.ImageID, st.Image.GetUserSpecifiedImage())
@@ -705,6 +698,18 @@ func (s *Service) containerStatus(c *container) (*runtime.ContainerStatus, conta
 		st.Mounts = idmappedMounts(st.Mounts, p.config)
 	}
 	return st, rec
+}
+
+// currentResources is what a container runs with: the resources of its last
+// UpdateContainerResources (merged into those before it), else those of its config.
+func currentResources(rec containerRecord, cfg *runtime.ContainerConfig) *runtime.LinuxContainerResources {
+	if len(rec.Resources) > 0 {
+		var r runtime.LinuxContainerResources
+		if protojson.Unmarshal(rec.Resources, &r) == nil {
+			return &r
+		}
+	}
+	return cfg.GetLinux().GetResources()
 }
 
 func toInt64s(in []uint32) []int64 {
@@ -788,7 +793,12 @@ func (s *Service) UpdateContainerResources(ctx context.Context, req *runtime.Upd
 	if err := s.ctrl.UpdateContainer(ctx, rec.PodID, rec.ID, res); err != nil {
 		return nil, toStatus(err)
 	}
-	raw, _ := protojson.Marshal(req.GetLinux())
+	// What the container runs with now: the update merged into what it had, as
+	// containerd merges it into the spec, so ContainerStatus keeps what the update left.
+	raw, err := protojson.Marshal(spec.MergeResources(currentResources(rec, c.config), req.GetLinux()))
+	if err != nil {
+		return nil, toStatus(fmt.Errorf("encode resources of container %s: %w", rec.ID, err))
+	}
 	c.mu.Lock()
 	c.rec.Resources = raw
 	r := c.rec

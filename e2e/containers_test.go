@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -406,7 +407,7 @@ func TestE2EUpdateResourcesAndReopenLog(t *testing.T) {
 	pod := e.podConfig("upd")
 	podID := e.runPod(ctx, pod)
 	cfg := ctrConfig("ticker", img, "sh", "-c", "while true; do echo tick; sleep 0.05; done")
-	cfg.Linux.Resources = &cri.LinuxContainerResources{MemoryLimitInBytes: 64 << 20, CpuShares: 512}
+	cfg.Linux.Resources = &cri.LinuxContainerResources{MemoryLimitInBytes: 64 << 20, CpuShares: 512, CpuPeriod: 100000, CpuQuota: 50000, OomScoreAdj: 500}
 	id := e.runCtr(ctx, podID, pod, cfg)
 	limit := func() string {
 		data, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", e.cgroup, "crisp-"+id, "memory.limit_in_bytes"))
@@ -427,6 +428,44 @@ func TestE2EUpdateResourcesAndReopenLog(t *testing.T) {
 	st, _ := e.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: id})
 	if st.GetStatus().GetResources().GetLinux().GetMemoryLimitInBytes() != 128<<20 {
 		t.Errorf("status resources: %v", st.GetStatus().GetResources())
+	}
+	// A partial update (crictl update --memory) keeps in the status, the verbose spec
+	// and the cgroup what it does not name, as containerd merges it into the spec.
+	if _, err := e.rt.UpdateContainerResources(ctx, &cri.UpdateContainerResourcesRequest{ContainerId: id, Linux: &cri.LinuxContainerResources{MemoryLimitInBytes: 96 << 20}}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: id, Verbose: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := st.GetStatus().GetResources().GetLinux()
+	if got.GetMemoryLimitInBytes() != 96<<20 || got.GetCpuShares() != 256 || got.GetCpuQuota() != 50000 || got.GetCpuPeriod() != 100000 || got.GetOomScoreAdj() != 500 {
+		t.Errorf("status after a memory-only update: %v, want memory 96 MiB, shares 256, quota 50000/100000, oom_score_adj 500", got)
+	}
+	var info struct {
+		RuntimeSpec struct {
+			Linux struct {
+				Resources struct {
+					Memory struct{ Limit int64 }
+					CPU    struct {
+						Shares uint64
+						Quota  int64
+					}
+				}
+			}
+		}
+	}
+	if err := json.Unmarshal([]byte(st.GetInfo()["info"]), &info); err != nil {
+		t.Fatalf("verbose info: %v", err)
+	}
+	if r := info.RuntimeSpec.Linux.Resources; r.Memory.Limit != 96<<20 || r.CPU.Shares != 256 || r.CPU.Quota != 50000 {
+		t.Errorf("verbose spec after updates: memory %d shares %d quota %d, want 96 MiB, 256, 50000", r.Memory.Limit, r.CPU.Shares, r.CPU.Quota)
+	}
+	if got := limit(); got != fmt.Sprint(96<<20) {
+		t.Errorf("memory limit after the second update %s, want 96 MiB", got)
+	}
+	if data, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpu", e.cgroup, "crisp-"+id, "cpu.cfs_quota_us")); err != nil || strings.TrimSpace(string(data)) != "50000" {
+		t.Errorf("cpu quota after a memory-only update: %q %v", data, err)
 	}
 	// Rotate as kubelet does: rename, then ReopenContainerLog.
 	logPath := st.Status.LogPath

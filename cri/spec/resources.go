@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/proto"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -154,4 +155,61 @@ func checkSysctls(sysctls map[string]string, hostNetwork, hostIPC bool) error {
 		}
 	}
 	return nil
+}
+
+// MergeResources is a container's CRI resources after an UpdateContainerResources of
+// upd on cur, as containerd computes them (opts.WithResources on the container's spec,
+// then copyResourcesToStatus): a field the update leaves zero keeps its value, hugepage
+// limits replace those of the same page size, unified keys are added or replaced.
+// oom_score_adj belongs to the container's process, which an update does not touch, so
+// it is cur's. Neither argument is changed.
+func MergeResources(cur, upd *runtime.LinuxContainerResources) *runtime.LinuxContainerResources {
+	out := &runtime.LinuxContainerResources{}
+	if cur != nil {
+		out = proto.Clone(cur).(*runtime.LinuxContainerResources)
+	}
+	if upd == nil {
+		return out
+	}
+	if v := upd.GetCpuPeriod(); v != 0 {
+		out.CpuPeriod = v
+	}
+	if v := upd.GetCpuQuota(); v != 0 {
+		out.CpuQuota = v
+	}
+	if v := upd.GetCpuShares(); v != 0 {
+		out.CpuShares = v
+	}
+	if v := upd.GetCpusetCpus(); v != "" {
+		out.CpusetCpus = v
+	}
+	if v := upd.GetCpusetMems(); v != "" {
+		out.CpusetMems = v
+	}
+	if v := upd.GetMemoryLimitInBytes(); v != 0 {
+		out.MemoryLimitInBytes = v
+		// A new limit without a swap limit gets swap = limit from the mapping
+		// (no swap), so the old swap limit no longer holds.
+		if upd.GetMemorySwapLimitInBytes() == 0 && out.GetMemorySwapLimitInBytes() != 0 {
+			out.MemorySwapLimitInBytes = v
+		}
+	}
+	if v := upd.GetMemorySwapLimitInBytes(); v != 0 {
+		out.MemorySwapLimitInBytes = v
+	}
+	for _, h := range upd.GetHugepageLimits() {
+		i := slices.IndexFunc(out.HugepageLimits, func(o *runtime.HugepageLimit) bool { return o.GetPageSize() == h.GetPageSize() })
+		if i >= 0 {
+			out.HugepageLimits[i] = proto.Clone(h).(*runtime.HugepageLimit)
+		} else {
+			out.HugepageLimits = append(out.HugepageLimits, proto.Clone(h).(*runtime.HugepageLimit))
+		}
+	}
+	if len(upd.GetUnified()) > 0 {
+		if out.Unified == nil {
+			out.Unified = map[string]string{}
+		}
+		maps.Copy(out.Unified, upd.GetUnified())
+	}
+	return out
 }

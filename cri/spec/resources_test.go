@@ -6,6 +6,7 @@ import (
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/proto"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -214,5 +215,55 @@ func TestGenerateFull(t *testing.T) {
 	}
 	if len(res.Warnings) != 0 {
 		t.Errorf("warnings %q", res.Warnings)
+	}
+}
+
+func TestMergeResources(t *testing.T) {
+	cur := &runtime.LinuxContainerResources{
+		CpuPeriod: 100000, CpuQuota: 50000, CpuShares: 512, MemoryLimitInBytes: 64 << 20,
+		OomScoreAdj: 500, CpusetCpus: "0", HugepageLimits: []*runtime.HugepageLimit{{PageSize: "2MB", Limit: 4 << 20}},
+		Unified: map[string]string{"memory.high": "50000000"},
+	}
+	for _, tc := range []struct {
+		name string
+		cur  *runtime.LinuxContainerResources
+		upd  *runtime.LinuxContainerResources
+		want *runtime.LinuxContainerResources
+	}{
+		{"memory only keeps the rest", cur, &runtime.LinuxContainerResources{MemoryLimitInBytes: 128 << 20},
+			&runtime.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: 50000, CpuShares: 512, MemoryLimitInBytes: 128 << 20,
+				OomScoreAdj: 500, CpusetCpus: "0", HugepageLimits: []*runtime.HugepageLimit{{PageSize: "2MB", Limit: 4 << 20}},
+				Unified: map[string]string{"memory.high": "50000000"}}},
+		{"cpu fields replace, oom_score_adj is the process's", cur, &runtime.LinuxContainerResources{CpuQuota: -1, CpuShares: 2, OomScoreAdj: 1000, CpusetMems: "0"},
+			&runtime.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: -1, CpuShares: 2, MemoryLimitInBytes: 64 << 20,
+				OomScoreAdj: 500, CpusetCpus: "0", CpusetMems: "0", HugepageLimits: []*runtime.HugepageLimit{{PageSize: "2MB", Limit: 4 << 20}},
+				Unified: map[string]string{"memory.high": "50000000"}}},
+		{"hugepages by size, unified by key", cur, &runtime.LinuxContainerResources{
+			HugepageLimits: []*runtime.HugepageLimit{{PageSize: "2MB", Limit: 8 << 20}, {PageSize: "1GB", Limit: 0}},
+			Unified:        map[string]string{"memory.high": "1", "pids.max": "10"}},
+			&runtime.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: 50000, CpuShares: 512, MemoryLimitInBytes: 64 << 20,
+				OomScoreAdj: 500, CpusetCpus: "0", HugepageLimits: []*runtime.HugepageLimit{{PageSize: "2MB", Limit: 8 << 20}, {PageSize: "1GB"}},
+				Unified: map[string]string{"memory.high": "1", "pids.max": "10"}}},
+		{"a new limit replaces an explicit swap limit",
+			&runtime.LinuxContainerResources{MemoryLimitInBytes: 64 << 20, MemorySwapLimitInBytes: 128 << 20},
+			&runtime.LinuxContainerResources{MemoryLimitInBytes: 96 << 20},
+			&runtime.LinuxContainerResources{MemoryLimitInBytes: 96 << 20, MemorySwapLimitInBytes: 96 << 20}},
+		{"nothing before", nil, &runtime.LinuxContainerResources{CpuShares: 256},
+			&runtime.LinuxContainerResources{CpuShares: 256}},
+		{"nothing updated", cur, nil, cur},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var before *runtime.LinuxContainerResources
+			if tc.cur != nil {
+				before = proto.Clone(tc.cur).(*runtime.LinuxContainerResources)
+			}
+			got := MergeResources(tc.cur, tc.upd)
+			if !proto.Equal(got, tc.want) {
+				t.Errorf("got %v\nwant %v", got, tc.want)
+			}
+			if tc.cur != nil && !proto.Equal(tc.cur, before) {
+				t.Errorf("cur was changed: %v", tc.cur)
+			}
+		})
 	}
 }
