@@ -43,6 +43,9 @@ type Config struct {
 	DefaultRuntimeHandler string `toml:"default_runtime_handler" comment:"handler used when a pod names none"`
 	// ShimStartTimeout bounds how long a shim may take to start and answer, in seconds.
 	ShimStartTimeoutSeconds int `toml:"shim_start_timeout_seconds" comment:"how long a shim may take to start and answer"`
+	// DisableAppArmor leaves every container without an AppArmor profile on a host
+	// that has AppArmor (containerd's disable_apparmor); asking for one is then refused.
+	DisableAppArmor bool `toml:"disable_apparmor" comment:"on a host with AppArmor, give containers no profile (otherwise crisp-default is loaded and applied to every non-privileged container that does not ask for another or for unconfined)"`
 	// EventBuffer is how many container events one GetContainerEvents subscriber may
 	// have waiting before further events are dropped for it (and counted).
 	EventBuffer int `toml:"event_buffer" comment:"container events buffered per GetContainerEvents subscriber; more are dropped"`

@@ -359,6 +359,7 @@ func (s *Service) generateSpec(id string, cfg *runtime.ContainerConfig, p *pod, 
 		OOMScoreAdjFloor:        ownOOMScoreAdj(),
 		RecursiveReadOnlyMounts: s.handlerFeatures(p.rec.Handler).GetRecursiveReadOnlyMounts(),
 		CDI:                     s.cdi,
+		AppArmor:                s.apparmor,
 	})
 }
 

@@ -12,6 +12,7 @@ import (
 
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/crisp-runtime/crisp/apparmor"
 	"github.com/crisp-runtime/crisp/config"
 	"github.com/crisp-runtime/crisp/controller"
 	"github.com/crisp-runtime/crisp/cri/spec"
@@ -59,6 +60,8 @@ type Service struct {
 	// cdi resolves CDI devices from cfg.CDI.SpecDirs (nil: CDI is off); one cache for
 	// the life of the service, refreshed by the containers that request devices.
 	cdi *spec.CDI
+	// apparmor is the host's AppArmor (nil: none, or disable_apparmor).
+	apparmor spec.AppArmor
 
 	// bg is the context of the container exit monitors; Close cancels it and waits
 	// for them (monitors), so that no monitor takes the controller's closing of its
@@ -130,8 +133,19 @@ func New(cfg config.Config, st *store.Store, ctrl *controller.Controller, net *n
 		log.Warn("user namespaces are not supported here: pods with hostUsers: false are refused and not advertised", "err", err)
 	}
 	bg, stop := context.WithCancel(context.Background())
-	return &Service{cfg: cfg, store: st, ctrl: ctrl, net: net, images: images, log: log, rroSupported: rro, usernsSupported: userns, cdi: spec.NewCDI(cfg.CDI.SpecDirs), podNames: newNameIndex("pod"), ctrNames: newNameIndex("container"), pods: map[string]*pod{}, containers: map[string]*container{},
+	svc := &Service{cfg: cfg, store: st, ctrl: ctrl, net: net, images: images, log: log, rroSupported: rro, usernsSupported: userns, cdi: spec.NewCDI(cfg.CDI.SpecDirs), podNames: newNameIndex("pod"), ctrNames: newNameIndex("container"), pods: map[string]*pod{}, containers: map[string]*container{},
 		bg: bg, stopBG: stop}
+	if aa := apparmor.New(cfg.DisableAppArmor); aa != nil {
+		svc.apparmor = aa
+		// Loaded now so that a broken apparmor_parser shows at start; every create
+		// that needs it loads it again if it has been removed since.
+		if name, err := aa.EnsureDefault(); err != nil {
+			log.Error("AppArmor is enabled but crisp's default profile cannot be loaded: containers that need it will fail to create", "err", err)
+		} else {
+			log.Info("AppArmor enabled", "default_profile", name)
+		}
+	}
+	return svc
 }
 
 // Close stops the container exit monitors and waits for them; call it before the

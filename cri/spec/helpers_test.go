@@ -230,7 +230,8 @@ func equal[T any](t *testing.T, what string, got, want T) {
 }
 
 var (
-	isInvalid        = errdefs.IsInvalidArgument
-	isNotFound       = errdefs.IsNotFound
-	isNotImplemented = errdefs.IsNotImplemented
+	isInvalid            = errdefs.IsInvalidArgument
+	isFailedPrecondition = errdefs.IsFailedPrecondition
+	isNotFound           = errdefs.IsNotFound
+	isNotImplemented     = errdefs.IsNotImplemented
 )

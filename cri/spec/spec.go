@@ -76,6 +76,9 @@ type Input struct {
 	// RecursiveReadOnlySupported), which the OCI "rro" option needs. Without it a
 	// recursive_read_only mount is refused rather than silently left writable below.
 	RecursiveReadOnlyMounts bool
+	// AppArmor is the host's AppArmor; nil when the host has none or it is disabled
+	// (a container then gets no profile, and asking for one is refused).
+	AppArmor AppArmor
 	// CDI resolves the container's CDI devices (CRI CDIDevices and cdi.k8s.io/
 	// annotations); nil is CDI turned off, and a container that requests a CDI
 	// device is refused.
@@ -101,8 +104,8 @@ type Result struct {
 // errdefs.ErrFailedPrecondition). Generate only reads the host (the rootfs's user
 // files, mount host paths, devices, seccomp profiles, /proc and /sys facts).
 //
-// Not mapped, on purpose: AppArmor and SELinux (crisp runs neither; a requested
-// Localhost AppArmor profile or SELinux options yield a warning), image VOLUMEs (they
+// Not mapped, on purpose: SELinux (crisp does not apply labels; SELinux options yield
+// a warning), image VOLUMEs (they
 // stay ordinary directories of the writable rootfs, like CRI-O's image_volumes=ignore),
 // and stdin/stdin_once (they concern the caller's IO, not the spec). CDI devices are
 // applied last, over the rest, as containerd's WithCDI does; an unknown one is
@@ -282,8 +285,11 @@ func Generate(in Input) (*Result, error) {
 	if warning != "" {
 		warnings = append(warnings, warning)
 	}
-	if ap := sc.GetApparmor(); ap.GetProfileType() == runtime.SecurityProfile_Localhost {
-		warnings = append(warnings, fmt.Sprintf("AppArmor profile %q ignored: crisp does not apply AppArmor profiles", ap.GetLocalhostRef()))
+	if s.Process.ApparmorProfile, warning, err = apparmorFor(sc, in.AppArmor); err != nil {
+		return nil, err
+	}
+	if warning != "" {
+		warnings = append(warnings, warning)
 	}
 	if se := sc.GetSelinuxOptions(); se.GetType() != "" || se.GetLevel() != "" || se.GetRole() != "" || se.GetUser() != "" {
 		warnings = append(warnings, "SELinux options ignored: crisp does not apply SELinux labels")
