@@ -18,6 +18,7 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	ggcrremote "github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/opencontainers/cgroups"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -86,6 +87,9 @@ type env struct {
 
 	cmd  *exec.Cmd
 	conn *grpc.ClientConn
+	// kubeletCgroups are the pod cgroups a node test made as kubelet does; removed
+	// after its pods (nodeCleanup).
+	kubeletCgroups []cgroups.Manager
 	rt   cri.RuntimeServiceClient
 	img  cri.ImageServiceClient
 }
@@ -158,22 +162,28 @@ func (e *env) start() {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	conn, err := grpc.NewClient("unix://"+e.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.conn = conn
-	e.rt = cri.NewRuntimeServiceClient(conn)
-	e.img = cri.NewImageServiceClient(conn)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := e.rt.Version(ctx, &cri.VersionRequest{}, grpc.WaitForReady(true)); err != nil {
+	if err := e.connect(10 * time.Second); err != nil {
 		// SIGQUIT has the Go runtime write every goroutine's stack to the log: where
 		// a start hangs.
 		_ = cmd.Process.Signal(syscall.SIGQUIT)
 		time.Sleep(time.Second)
 		e.t.Fatalf("criserver does not answer: %v\n%s", err, e.log())
 	}
+}
+
+// connect dials the CRI socket and waits up to within for criserver to answer.
+func (e *env) connect(within time.Duration) error {
+	conn, err := grpc.NewClient("unix://"+e.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	e.conn = conn
+	e.rt = cri.NewRuntimeServiceClient(conn)
+	e.img = cri.NewImageServiceClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	_, err = e.rt.Version(ctx, &cri.VersionRequest{}, grpc.WaitForReady(true))
+	return err
 }
 
 // kill9 kills criserver the hard way; its pods and shims must keep running.
