@@ -90,8 +90,8 @@ type env struct {
 	// kubeletCgroups are the pod cgroups a node test made as kubelet does; removed
 	// after its pods (nodeCleanup).
 	kubeletCgroups []cgroups.Manager
-	rt   cri.RuntimeServiceClient
-	img  cri.ImageServiceClient
+	rt             cri.RuntimeServiceClient
+	img            cri.ImageServiceClient
 }
 
 // newEnv prepares (but does not start) a criserver environment whose every trace
