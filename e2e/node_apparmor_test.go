@@ -1,0 +1,200 @@
+package e2e
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// Test profiles: one that lets the container do anything, one that denies writes
+// below /tmp. Both allow what a shell and the runtime's signals need.
+const (
+	aaAllow   = "crisp-test-allow"
+	aaDeny    = "crisp-test-deny-write"
+	aaMissing = "crisp-test-not-loaded"
+)
+
+func aaProfile(name, extra string) string {
+	return `#include <tunables/global>
+profile ` + name + ` flags=(attach_disconnected,mediate_deleted) {
+  #include <abstractions/base>
+  file,
+  network,
+  capability,
+  signal,
+  ptrace,
+  unix,
+  mount,
+  umount,
+  pivot_root,
+` + extra + `}
+`
+}
+
+// TestNodeAppArmor: on a host with AppArmor, crisp's default profile is loaded and
+// confines containers that ask for nothing or RuntimeDefault; Localhost profiles are
+// enforced; Unconfined and privileged containers run unconfined; a profile that is
+// not loaded fails the create naming it. Each through the apparmor field, the
+// deprecated apparmor_profile string, and both (the field wins).
+func TestNodeAppArmor(t *testing.T) {
+	e := newNodeEnv(t)
+	ctx := ctxT(t)
+	if !exists("/sys/kernel/security/apparmor/profiles") {
+		t.Fatal("the node VM has no AppArmor: the image or the kernel command line lost it")
+	}
+	if !aaLoaded(t, "crisp-default") {
+		t.Fatal("crisp-default is not loaded although crisp is running")
+	}
+	for name, extra := range map[string]string{aaAllow: "", aaDeny: "  deny /tmp/** w,\n"} {
+		path := filepath.Join(e.dir, name)
+		if err := os.WriteFile(path, []byte(aaProfile(name, extra)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command("apparmor_parser", "-r", path).CombinedOutput(); err != nil {
+			t.Fatalf("load %s: %v: %s", name, err, out)
+		}
+		t.Cleanup(func() { _ = exec.Command("apparmor_parser", "-R", path).Run() })
+	}
+	img := e.busybox(ctx)
+	kp := e.kubeletPod("apparmor", nil)
+	podID := e.runPod(ctx, kp.cfg)
+
+	field := func(k cri.SecurityProfile_ProfileType, ref string) *cri.SecurityProfile {
+		return &cri.SecurityProfile{ProfileType: k, LocalhostRef: ref}
+	}
+	const (
+		def   = cri.SecurityProfile_RuntimeDefault
+		unc   = cri.SecurityProfile_Unconfined
+		local = cri.SecurityProfile_Localhost
+	)
+	for _, tc := range []struct {
+		name     string
+		field    *cri.SecurityProfile
+		str      string
+		want     string // attr/current
+		canWrite bool
+	}{
+		{"unset", nil, "", "crisp-default (enforce)", true},
+		{"field-runtime-default", field(def, ""), "", "crisp-default (enforce)", true},
+		{"string-runtime-default", nil, "runtime/default", "crisp-default (enforce)", true},
+		{"field-unconfined", field(unc, ""), "", "unconfined", true},
+		{"string-unconfined", nil, "unconfined", "unconfined", true},
+		{"field-deny", field(local, aaDeny), "", aaDeny + " (enforce)", false},
+		{"field-deny-prefixed", field(local, "localhost/"+aaDeny), "", aaDeny + " (enforce)", false},
+		{"string-deny", nil, "localhost/" + aaDeny, aaDeny + " (enforce)", false},
+		{"field-allow", field(local, aaAllow), "", aaAllow + " (enforce)", true},
+		{"string-allow", nil, "localhost/" + aaAllow, aaAllow + " (enforce)", true},
+		{"both-field-wins", field(local, aaAllow), "localhost/" + aaDeny, aaAllow + " (enforce)", true},
+		{"both-field-unconfined-wins", field(unc, ""), "localhost/" + aaDeny, "unconfined", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := ctrConfig(tc.name, img, "sleep", "3600")
+			cfg.Linux.SecurityContext.Apparmor = tc.field
+			cfg.Linux.SecurityContext.ApparmorProfile = tc.str
+			id := e.runCtr(ctx, podID, kp.cfg, cfg)
+			if got := aaCurrent(t, e.ctrPid(ctx, id)); got != tc.want {
+				t.Errorf("container runs as %q, want %q", got, tc.want)
+			}
+			// An exec gets the container's profile.
+			if out := strings.TrimSpace(strings.TrimRight(e.mustExec(ctx, t, id, "cat", "/proc/self/attr/current"), "\x00\n")); out != tc.want {
+				t.Errorf("exec runs as %q, want %q", out, tc.want)
+			}
+			resp, err := e.execSync(ctx, id, 30, "sh", "-c", "echo x > /tmp/x")
+			if err != nil {
+				t.Fatalf("exec: %v", err)
+			}
+			if wrote := resp.ExitCode == 0; wrote != tc.canWrite {
+				t.Errorf("write to /tmp: exit %d stderr %q; want it to succeed: %v", resp.ExitCode, resp.Stderr, tc.canWrite)
+			}
+			if _, err := e.rt.RemoveContainer(ctx, &cri.RemoveContainerRequest{ContainerId: id}); err != nil {
+				t.Errorf("RemoveContainer: %v", err)
+			}
+		})
+	}
+
+	for _, tc := range []struct {
+		name  string
+		field *cri.SecurityProfile
+		str   string
+	}{
+		{"field-not-loaded", field(local, aaMissing), ""},
+		{"string-not-loaded", nil, "localhost/" + aaMissing},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := ctrConfig(tc.name, img, "sleep", "3600")
+			cfg.Linux.SecurityContext.Apparmor = tc.field
+			cfg.Linux.SecurityContext.ApparmorProfile = tc.str
+			_, err := e.rt.CreateContainer(ctx, &cri.CreateContainerRequest{PodSandboxId: podID, Config: cfg, SandboxConfig: kp.cfg})
+			if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), aaMissing) {
+				t.Errorf("create with a profile that is not loaded: %v; want FailedPrecondition naming %s", err, aaMissing)
+			}
+		})
+	}
+
+	// crisp-default removed behind crisp's back (aa-teardown, a reload) is loaded
+	// again by the next container that needs it.
+	if err := os.WriteFile("/sys/kernel/security/apparmor/.remove", []byte("crisp-default"), 0o200); err != nil {
+		t.Fatalf("unload crisp-default: %v", err)
+	}
+	if aaLoaded(t, "crisp-default") {
+		t.Fatal("crisp-default still loaded after its removal")
+	}
+	id := e.runCtr(ctx, podID, kp.cfg, ctrConfig("reloaded", img, "sleep", "3600"))
+	if got := aaCurrent(t, e.ctrPid(ctx, id)); got != "crisp-default (enforce)" {
+		t.Errorf("after the profile was removed, a new container runs as %q", got)
+	}
+	e.stopRemove(ctx, t, podID)
+
+	// Privileged containers run unconfined, even when they ask for a profile.
+	pkp := e.kubeletPod("apparmor-priv", nil)
+	pkp.cfg.Linux.SecurityContext.Privileged = true
+	privPod := e.runPod(ctx, pkp.cfg)
+	for _, prof := range []*cri.SecurityProfile{nil, field(def, "")} {
+		cfg := ctrConfig("priv", img, "sleep", "3600")
+		cfg.Linux.SecurityContext.Privileged = true
+		cfg.Linux.SecurityContext.Apparmor = prof
+		id := e.runCtr(ctx, privPod, pkp.cfg, cfg)
+		if got := aaCurrent(t, e.ctrPid(ctx, id)); got != "unconfined" {
+			t.Errorf("privileged container (apparmor %v) runs as %q, want unconfined", prof, got)
+		}
+		if _, err := e.rt.StopContainer(ctx, &cri.StopContainerRequest{ContainerId: id, Timeout: 1}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.rt.RemoveContainer(ctx, &cri.RemoveContainerRequest{ContainerId: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.stopRemove(ctx, t, privPod)
+}
+
+// aaCurrent is a process's AppArmor confinement as the host sees it.
+func aaCurrent(t *testing.T, pid int) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "attr/current"))
+	if err != nil {
+		t.Fatalf("AppArmor label of pid %d: %v", pid, err)
+	}
+	return strings.TrimSpace(strings.TrimRight(string(data), "\x00"))
+}
+
+// aaLoaded reports whether a profile is loaded in the kernel.
+func aaLoaded(t *testing.T, name string) bool {
+	t.Helper()
+	data, err := os.ReadFile("/sys/kernel/security/apparmor/profiles")
+	if err != nil {
+		t.Fatalf("loaded AppArmor profiles: %v", err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(line, name+" (") {
+			return true
+		}
+	}
+	return false
+}
