@@ -1,0 +1,342 @@
+#!/usr/bin/env bash
+# nodevm.sh: a real Kubernetes node to test crisp on, as a qemu guest: Debian 12 from
+# Debian's packages only, systemd 252 as PID 1, cgroup v2 alone, AppArmor on, 16 2 MiB
+# hugepages, loopback only (no network device). `make test-node` uses it.
+#
+#   hack/nodevm.sh image      build the image unless cached; prints its cache dir
+#   hack/nodevm.sh run DIR    boot a fresh guest, run DIR/run.sh in it, exit with its code
+#   hack/nodevm.sh shell [DIR]  boot a fresh guest with its serial console on stdio
+#   hack/nodevm.sh check      boot a fresh guest and run the smoke check (nodevm/check.sh)
+#   hack/nodevm.sh prune      remove cached images other than the current one
+#
+# The image. nodevm/image/build.sh installs nodevm/image/packages with mmdebstrap into a
+# directory, shapes it with nodevm/image/customize.sh (root autologin on ttyS0, host
+# name crisp-node, the runner unit) and makes a raw ext4 image of it with mkfs.ext4 -d.
+# It is cached in $NODEVM_CACHE/nodevm-<key>/ (/var/cache/crisp): rootfs.img, vmlinuz,
+# initrd.img (booted directly, no bootloader), manifest (package versions). The key
+# hashes every file under nodevm/image/, so a changed package list or customization
+# builds a new image; a cached one is reused as is (the mirror moving on does not
+# rebuild it: `prune` and `image` do). A build goes to a temp dir, must pass the smoke
+# check in a guest, and only then is renamed into place: an interrupted or broken build
+# is never taken for a cached one.
+#
+# The guest. Every boot gets a fresh qcow2 overlay on the cached image (removed after),
+# so it starts from the clean image. 2 vCPUs (NODEVM_CPUS), 3 GiB (NODEVM_MEM, MiB),
+# kernel command line `root=/dev/vda rw console=ttyS0,115200 hugepages=16 panic=10`.
+# The serial console is copied to DIR/out/serial.log.
+#
+# The command channel is a 9p share (qemu -virtfs, virtio-9p): the host's DIR is the
+# guest's /mnt/host, read-write, files created as root. crisp-nodevm-run.service
+# (After=multi-user.target) mounts it and, when it holds run.sh, runs
+# `bash ./run.sh` as root in /mnt/host with stdin /dev/null and env
+# NODEVM_SHARE=/mnt/host NODEVM_OUT=/mnt/host/out; stdout and stderr go to out/run.log
+# (readable on the host while it runs), the exit code to out/rc, then the guest powers
+# off. The runner writes out/started (the guest's uptime) first: the host takes it as
+# "booted". `run` clears DIR/out before the boot and writes out/nodevm.times
+# (accel, boot_s: qemu start to the runner, total_s).
+#
+# `run` exits with run.sh's exit code, or 125 with a message and the tail of the serial
+# log when the guest did not reach the runner in NODEVM_BOOT_TIMEOUT (300 s), ran past
+# NODEVM_TIMEOUT (20m; counted from qemu's start; both take s, m or h suffixes) or went
+# down without out/rc. qemu is killed by its PID on a timeout and on an interrupt.
+#
+# The accelerator. /dev/kvm exists on nested hosts whose KVM guests hang after the
+# bootloader. Unless NODEVM_ACCEL=kvm|tcg says which, the first boot tries KVM (-cpu
+# host) and gives it NODEVM_KVM_PROBE_TIMEOUT (40 s) to reach the runner; the result is
+# remembered in $NODEVM_CACHE/nodevm-accel (with the host's kernel release: a new
+# kernel probes again), and a failed probe boots again under TCG (-accel
+# tcg,thread=multi -cpu max): ~15 s to the runner here, code in the guest 12-15x slower
+# than on the host.
+set -euo pipefail
+hack=$(cd "$(dirname "$0")" && pwd)
+src=$hack/nodevm/image
+cache=${NODEVM_CACHE:-/var/cache/crisp}
+accel_file=$cache/nodevm-accel
+cpus=${NODEVM_CPUS:-2}
+mem=${NODEVM_MEM:-3072}
+cmdline='root=/dev/vda rw console=ttyS0,115200 hugepages=16 panic=10'
+
+log() { echo "nodevm: $*" >&2; }
+die() { log "$*"; exit 1; }
+
+# seconds 90|90s|20m|1h -> seconds
+seconds() {
+	case $1 in
+	*h) echo $(( ${1%h} * 3600 )) ;;
+	*m) echo $(( ${1%m} * 60 )) ;;
+	*s) echo "${1%s}" ;;
+	*) echo "$1" ;;
+	esac
+}
+timeout=$(seconds "${NODEVM_TIMEOUT:-20m}")
+boot_timeout=$(seconds "${NODEVM_BOOT_TIMEOUT:-300}")
+kvm_probe=$(seconds "${NODEVM_KVM_PROBE_TIMEOUT:-40}")
+
+now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
+fmt_s() { printf '%d.%d' $(( $1 / 1000 )) $(( $1 % 1000 / 100 )); } # ms -> s.d
+
+# The cache key: every file under nodevm/image/, by name and content.
+image_key() {
+	(cd "$src" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum) |
+		sha256sum | cut -c1-16
+}
+
+# State of the one guest this process runs at a time; cleanup() undoes it.
+qpid= work=
+cleanup() {
+	stop_qemu
+	if [ -n "$work" ]; then rm -rf "$work"; fi
+	work=
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+qemu_alive() {
+	[ -n "$qpid" ] && kill -0 "$qpid" 2>/dev/null &&
+		[ "$(awk '{print $3}' "/proc/$qpid/stat" 2>/dev/null)" != Z ]
+}
+
+# stop_qemu: SIGTERM to our qemu, SIGKILL if it is still there 10 s later.
+stop_qemu() {
+	[ -n "$qpid" ] || return 0
+	if qemu_alive; then
+		kill -TERM "$qpid" 2>/dev/null || true
+		for _ in $(seq 20); do qemu_alive || break; sleep 0.5; done
+		if qemu_alive; then kill -KILL "$qpid" 2>/dev/null || true; fi
+	fi
+	wait "$qpid" 2>/dev/null || true
+	qpid=
+}
+
+# qemu_args ACCEL IMGDIR OVERLAY SHARE APPEND: the guest's command line in ${qargs[@]}.
+qemu_args() {
+	local acc
+	case $1 in
+	kvm) acc=(-accel kvm -cpu host) ;;
+	tcg) acc=(-accel tcg,thread=multi -cpu max) ;;
+	*) die "unknown accelerator $1 (NODEVM_ACCEL=kvm|tcg)" ;;
+	esac
+	qargs=(qemu-system-x86_64 -name crisp-nodevm -machine q35 "${acc[@]}"
+		-smp "$cpus" -m "$mem" -nodefaults -no-user-config -display none -vga none
+		-no-reboot -nic none
+		-kernel "$2/vmlinuz" -initrd "$2/initrd.img" -append "$cmdline $5"
+		-drive "file=$3,format=qcow2,if=virtio,cache=unsafe,discard=unmap"
+		-virtfs "local,path=$4,mount_tag=host,security_model=none,id=host"
+		-device virtio-rng-pci)
+}
+
+# boot ACCEL IMGDIR SHARE BOOTLIMIT: boots a guest on a fresh overlay and waits for it
+# to power off. Sets outcome (done: powered off after the runner started; noboot: no
+# runner within BOOTLIMIT s; timeout: running past NODEVM_TIMEOUT; down: powered off or
+# crashed before the runner), boot_ms and total_ms.
+boot() {
+	local accel=$1 imgdir=$2 share=$3 limit=$4 out=$3/out t0 el
+	rm -rf "$out"
+	mkdir -p "$out"
+	rm -f "$work/overlay.qcow2"
+	qemu-img create -q -f qcow2 -F raw -b "$imgdir/rootfs.img" "$work/overlay.qcow2"
+	qemu_args "$accel" "$imgdir" "$work/overlay.qcow2" "$share" ""
+	t0=$(now_ms)
+	"${qargs[@]}" -serial "file:$out/serial.log" </dev/null >"$out/qemu.log" 2>&1 &
+	qpid=$!
+	boot_ms= outcome=
+	while qemu_alive; do
+		el=$(( $(now_ms) - t0 ))
+		if [ -z "$boot_ms" ] && [ -e "$out/started" ]; then
+			boot_ms=$el
+			log "guest reached the runner in $(fmt_s "$el") s ($accel)"
+		fi
+		if [ -z "$boot_ms" ] && [ "$el" -gt $(( limit * 1000 )) ]; then
+			outcome=noboot
+			break
+		fi
+		if [ "$el" -gt $(( timeout * 1000 )) ]; then
+			outcome=timeout
+			break
+		fi
+		sleep 0.5
+	done
+	stop_qemu
+	total_ms=$(( $(now_ms) - t0 ))
+	if [ -z "$outcome" ]; then
+		if [ -z "$boot_ms" ] && [ -e "$out/started" ]; then boot_ms=$total_ms; fi
+		if [ -n "$boot_ms" ]; then outcome=done; else outcome=down; fi
+	fi
+	rm -f "$work/overlay.qcow2"
+	printf 'accel=%s\nboot_s=%s\ntotal_s=%s\noutcome=%s\n' "$accel" \
+		"$( [ -n "$boot_ms" ] && fmt_s "$boot_ms")" "$(fmt_s "$total_ms")" "$outcome" \
+		> "$out/nodevm.times"
+}
+
+# pick_accel: the accelerator to boot with in $accel; probe=1 when KVM is to be tried.
+pick_accel() {
+	probe=0
+	if [ -n "${NODEVM_ACCEL:-}" ]; then accel=$NODEVM_ACCEL; return; fi
+	local a k
+	if read -r a k 2>/dev/null < "$accel_file" && [ "$k" = "$(uname -r)" ]; then
+		accel=$a
+		return
+	fi
+	if [ -r /dev/kvm ] && [ -w /dev/kvm ]; then
+		accel=kvm probe=1
+	else
+		accel=tcg
+		remember_accel tcg "no usable /dev/kvm"
+	fi
+}
+remember_accel() {
+	mkdir -p "$cache"
+	echo "$1 $(uname -r)" > "$accel_file.tmp.$$" && mv "$accel_file.tmp.$$" "$accel_file"
+	log "accelerator: $1 ($2), remembered in $accel_file"
+}
+
+# guest IMGDIR SHARE: boots and runs SHARE/run.sh (the KVM probe included); sets
+# outcome, boot_ms, total_ms, accel. Leaves no qemu and no overlay.
+guest() {
+	local imgdir=$1 share=$2
+	pick_accel
+	work=$(mktemp -d /var/tmp/nodevm.XXXXXX)
+	if [ "$probe" = 1 ]; then
+		log "trying KVM (the runner must start within ${kvm_probe} s)"
+		boot kvm "$imgdir" "$share" "$kvm_probe"
+		if [ "$outcome" = noboot ] || [ "$outcome" = down ]; then
+			remember_accel tcg "a KVM guest did not reach the runner in ${kvm_probe} s"
+			accel=tcg
+		else
+			remember_accel kvm "a KVM guest reached the runner in $(fmt_s "$boot_ms") s"
+		fi
+	fi
+	if [ "$probe" = 0 ] || [ "$accel" = tcg ]; then
+		boot "$accel" "$imgdir" "$share" "$boot_timeout"
+	fi
+	rm -rf "$work"
+	work=
+}
+
+# result SHARE: run's exit: run.sh's code, or 125 and why.
+result() {
+	local out=$1/out why
+	case $outcome in
+	done)
+		if [ -s "$out/rc" ]; then
+			log "run.sh exited $(cat "$out/rc") (boot $(fmt_s "$boot_ms") s, total $(fmt_s "$total_ms") s, $accel)"
+			return "$(cat "$out/rc")"
+		fi
+		why="the guest went down while run.sh ran (no out/rc)" ;;
+	noboot) why="the guest did not reach the runner within $boot_timeout s ($accel)" ;;
+	timeout) why="the guest ran past NODEVM_TIMEOUT ($timeout s): qemu killed" ;;
+	down) why="the guest went down before reaching the runner (boot failure)" ;;
+	esac
+	log "FAILED: $why"
+	log "last lines of the serial console ($out/serial.log):"
+	tail -n 40 "$out/serial.log" >&2 2>/dev/null || true
+	if [ -s "$out/run.log" ]; then
+		log "last lines of run.sh's output ($out/run.log):"
+		tail -n 20 "$out/run.log" >&2
+	fi
+	return 125
+}
+
+# ensure_image: sets imgdir to the cached image, building it first if needed.
+ensure_image() {
+	local key tmp t0 build_ms rc
+	key=$(image_key)
+	imgdir=$cache/nodevm-$key
+	if [ -f "$imgdir/rootfs.img" ]; then return 0; fi
+	mkdir -p "$cache"
+	exec 9>"$cache/nodevm.lock"
+	flock 9
+	if [ -f "$imgdir/rootfs.img" ]; then exec 9>&-; return 0; fi
+	# Under the lock no build runs: any temp dir is a dead build's.
+	rm -rf "$cache"/nodevm-*.tmp.*
+	tmp=$imgdir.tmp.$$
+	log "building the image (key $key) in $tmp"
+	t0=$(now_ms)
+	if ! "$src/build.sh" "$tmp" >"$cache/nodevm-build.log" 2>&1; then
+		tail -n 30 "$cache/nodevm-build.log" >&2
+		rm -rf "$tmp"
+		die "image build failed (log: $cache/nodevm-build.log)"
+	fi
+	build_ms=$(( $(now_ms) - t0 ))
+	log "image built in $(fmt_s "$build_ms") s; smoke check in a guest"
+	local share=$tmp/check
+	mkdir -p "$share"
+	cp "$hack/nodevm/check.sh" "$share/run.sh"
+	guest "$tmp" "$share"
+	rc=0
+	result "$share" || rc=$?
+	cat "$share/out/run.log" >&2 2>/dev/null || true
+	if [ "$rc" != 0 ]; then
+		mv "$share" "$cache/nodevm-failed-check"
+		rm -rf "$tmp"
+		die "the new image failed its smoke check (kept in $cache/nodevm-failed-check)"
+	fi
+	printf 'build_s=%s\ncheck_boot_s=%s\naccel=%s\n' "$(fmt_s "$build_ms")" \
+		"$(fmt_s "$boot_ms")" "$accel" > "$tmp/build.times"
+	mv "$share/out/run.log" "$tmp/check.log"
+	rm -rf "$share"
+	mv -T "$tmp" "$imgdir"
+	exec 9>&-
+	log "image ready in $(fmt_s $(( $(now_ms) - t0 ))) s: $imgdir"
+}
+
+cmd=${1:-}
+case $cmd in
+image)
+	ensure_image
+	echo "$imgdir"
+	;;
+run)
+	[ $# -eq 2 ] || die "usage: nodevm.sh run DIR"
+	share=$(cd "$2" && pwd)
+	[ -f "$share/run.sh" ] || die "$share/run.sh: no such file"
+	ensure_image
+	guest "$imgdir" "$share"
+	rc=0
+	result "$share" || rc=$?
+	exit "$rc"
+	;;
+check)
+	ensure_image
+	share=$(mktemp -d /var/tmp/nodevm-check.XXXXXX)
+	cp "$hack/nodevm/check.sh" "$share/run.sh"
+	guest "$imgdir" "$share"
+	rc=0
+	result "$share" || rc=$?
+	cat "$share/out/run.log" 2>/dev/null || true
+	rm -rf "$share"
+	exit "$rc"
+	;;
+shell)
+	[ $# -le 2 ] || die "usage: nodevm.sh shell [DIR]"
+	ensure_image
+	pick_accel
+	if [ "$probe" = 1 ]; then
+		log "accelerator not probed yet: shell boots under TCG (run or check probes KVM)"
+		accel=tcg
+	fi
+	work=$(mktemp -d /var/tmp/nodevm.XXXXXX)
+	if [ $# -eq 2 ]; then share=$(cd "$2" && pwd); else share=$work/share; mkdir "$share"; fi
+	mkdir -p "$share/out"
+	qemu-img create -q -f qcow2 -F raw -b "$imgdir/rootfs.img" "$work/overlay.qcow2"
+	qemu_args "$accel" "$imgdir" "$work/overlay.qcow2" "$share" nodevm.runner=off
+	log "booting ($accel); the share is /mnt/host in the guest (run.sh is not run);"
+	log "Ctrl-A X quits qemu, Ctrl-A C its monitor; console copied to $share/out/serial.log"
+	"${qargs[@]}" -chardev "stdio,id=con,mux=on,signal=off,logfile=$share/out/serial.log" \
+		-serial chardev:con -mon chardev=con,mode=readline
+	;;
+prune)
+	key=$(image_key)
+	for d in "$cache"/nodevm-*/; do
+		d=${d%/}
+		case $d in "$cache/nodevm-$key") continue ;; esac
+		log "removing $d"
+		rm -rf "$d"
+	done
+	;;
+*)
+	sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//' >&2
+	exit 2
+	;;
+esac
