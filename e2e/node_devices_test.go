@@ -63,7 +63,7 @@ devices:
 // allowed by runc's default rules, or refused) cannot be opened: "Operation not
 // permitted". The same disk given as a CDI device (a spec file in /var/run/cdi, one of
 // the packaged config's default spec dirs, requested through CDIDevices) can be read
-// from the same kind of container. A privileged container (in a privileged pod) sees
+// from another non-privileged container. A privileged container (in a privileged pod) sees
 // the host's /dev and reads the disk. The disk is only ever read.
 func TestNodeDevices(t *testing.T) {
 	e := newNodeEnv(t)
@@ -85,9 +85,11 @@ func TestNodeDevices(t *testing.T) {
 	img := e.busybox(ctx)
 	p := e.runTracedPod(ctx, t, "devices", func(c *cri.PodSandboxConfig) { c.Linux.SecurityContext.Privileged = true })
 
-	plainCfg := ctrConfig("plain", img, "sleep", "3600")
-	plainCfg.CDIDevices = []*cri.CDIDevice{{Name: "crisp.test/nodeblk=disk"}}
-	plain := p.run(ctx, t, e, plainCfg)
+	// Not in the same container: the CDI device's rule would allow the disk's numbers.
+	plain := p.run(ctx, t, e, ctrConfig("plain", img, "sleep", "3600"))
+	cdiCfg := ctrConfig("cdi", img, "sleep", "3600")
+	cdiCfg.CDIDevices = []*cri.CDIDevice{{Name: "crisp.test/nodeblk=disk"}}
+	withCDI := p.run(ctx, t, e, cdiCfg)
 	privCfg := ctrConfig("priv", img, "sleep", "3600")
 	privCfg.Linux.SecurityContext.Privileged = true
 	priv := p.run(ctx, t, e, privCfg)
@@ -126,10 +128,10 @@ func TestNodeDevices(t *testing.T) {
 
 	t.Run("cdi-device", func(t *testing.T) {
 		want := fmt.Sprintf("block special file %x:%x", major, minor)
-		if got := strings.TrimSpace(e.tracedExec(ctx, t, plain, "stat", "-c", "%F %t:%T", "/dev/crisp-disk")); got != want {
+		if got := strings.TrimSpace(e.tracedExec(ctx, t, withCDI, "stat", "-c", "%F %t:%T", "/dev/crisp-disk")); got != want {
 			t.Errorf("CDI device node /dev/crisp-disk: %q, want %q", got, want)
 		}
-		if got := strings.TrimSpace(e.tracedExec(ctx, t, plain, "sh", "-c", "head -c 512 /dev/crisp-disk | wc -c")); got != "512" {
+		if got := strings.TrimSpace(e.tracedExec(ctx, t, withCDI, "sh", "-c", "head -c 512 /dev/crisp-disk | wc -c")); got != "512" {
 			t.Errorf("reading the CDI device: %q bytes, want 512", got)
 		}
 	})
