@@ -25,7 +25,7 @@ SHIMBUILD := CGO_ENABLED=1 $(GO) build -trimpath -tags '$(TAGS) osusergo netgo' 
 	-ldflags '$(LDFLAGS) -linkmode external -extldflags -static'
 DEPS      := busybox-static containernetworking-plugins libseccomp-dev libc6-dev iproute2 iptables gcc make
 
-.PHONY: all build criserver shim install run test unit e2e deps criu lint clean bench chaos containerd deb
+.PHONY: all build criserver shim install run test test-node unit e2e deps criu lint clean bench chaos containerd deb
 
 all: build
 
@@ -87,6 +87,28 @@ run: deps build
 test: deps criu containerd
 	CGO_ENABLED=1 $(GO) vet -tags '$(TAGS)' ./...
 	CGO_ENABLED=1 $(GO) test -tags '$(TAGS)' -count=1 -p 1 -timeout 20m ./...
+
+# test-node runs the node tests (NODE_RUN of NODE_PKG: e2e's TestNode*) on a real node
+# (root; hack/nodevm.sh): a Debian 12 qemu guest from Debian's packages with systemd as
+# PID 1, cgroup v2 and AppArmor, booted fresh for each cgroup driver in NODE_DRIVERS,
+# the package from `make deb` installed in it with dpkg -i. The upgrade tests start
+# from the package of NODE_OLD_REV (298699c: the first commit with `make deb`), built
+# from a temporary git worktree and cached by commit; the image is cached in
+# /var/cache/crisp/nodevm-<key>. NODE_TEST_TIMEOUT (25m) bounds each suite; results and
+# logs in NODE_DIR (hack/nodevm/test-node.sh says which).
+NODE_DIR          ?= $(BINDIR)/node
+NODE_OLD_REV      ?= 298699c86fbac485b3a51c949490fc6261979132
+NODE_DRIVERS      ?= systemd cgroupfs
+NODE_TEST_TIMEOUT ?= 25m
+NODE_PKG          ?= ./e2e
+NODE_RUN          ?= ^TestNode
+test-node:
+	rm -rf $(NODE_DIR)/deb $(NODE_DIR)/node.test
+	$(MAKE) --no-print-directory deb BINDIR=$(NODE_DIR)/bin DEBDIR=$(NODE_DIR)/deb
+	CGO_ENABLED=1 $(GO) test -c -tags '$(TAGS) node' -o $(NODE_DIR)/node.test $(NODE_PKG)
+	NODE_DRIVERS='$(NODE_DRIVERS)' NODE_TEST_TIMEOUT='$(NODE_TEST_TIMEOUT)' \
+		NODE_PKG='$(NODE_PKG)' NODE_RUN='$(NODE_RUN)' \
+		hack/nodevm/test-node.sh $(NODE_DIR) $(NODE_OLD_REV)
 
 # chaos runs the fault-injection suite (e2e/chaos_test.go and e2e/leaks_test.go; root)
 # bigger than `make test` runs it: CHAOS_SCALE=5 means 6 clients cycling pods while

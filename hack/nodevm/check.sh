@@ -3,7 +3,7 @@
 # runs it on every new image before caching it, and on `hack/nodevm.sh check`). Fails
 # unless the guest is what crisp's node tests need: systemd as PID 1 with the boot
 # finished and no failed unit, cgroup v2 alone, AppArmor on with profiles loaded,
-# 2 MiB hugepages reserved, loopback up, the 9p share writable.
+# 2 MiB hugepages reserved, loopback up, kubeadm's sysctls, the 9p share writable.
 set -u
 fail=0
 check() { # check NAME COMMAND...: prints NAME ok/FAIL
@@ -33,6 +33,8 @@ check "AppArmor profiles loaded ($n)" test "$n" -gt 0
 check "16 hugepages of 2 MiB" grep -q '^HugePages_Total: *16$' /proc/meminfo
 check "loopback up" sh -c "ip -o addr show dev lo | grep -q 'inet 127.0.0.1/8'"
 check "9p share writable" sh -c 'echo ok > "$NODEVM_OUT/check.w" && rm "$NODEVM_OUT/check.w"'
+check "net.ipv4.ip_forward = 1" test "$(sysctl -n net.ipv4.ip_forward)" = 1
+check "br_netfilter loaded" test -d /sys/module/br_netfilter
 check "hostname crisp-node" test "$(hostname)" = crisp-node
 check "busybox-static" sh -c '/bin/busybox --list | grep -qx sh && ! ldd /bin/busybox >/dev/null 2>&1'
 check "busybox (dynamic)" sh -c 'ldd /usr/local/bin/busybox-dynamic | grep -q libc'

@@ -33,6 +33,16 @@ sed -i 's/^MODULES=.*/MODULES=list/' "$root/etc/initramfs-tools/initramfs.conf"
 printf '%s\n' virtio_pci virtio_blk ext4 crc32c_generic >> "$root/etc/initramfs-tools/modules"
 chroot "$root" update-initramfs -u -k all >/dev/null 2>&1
 
+# What kubeadm's install docs have every node do ("Install and configure
+# prerequisites"): overlay and br_netfilter loaded at boot, bridged traffic through
+# iptables, IPv4 forwarding on (Debian's default is off; criserver check requires it).
+printf '%s\n' overlay br_netfilter > "$root/etc/modules-load.d/k8s.conf"
+cat > "$root/etc/sysctl.d/k8s.conf" <<'SYSCTL'
+net.bridge.bridge-nf-call-iptables  = 1
+net.bridge.bridge-nf-call-ip6tables = 1
+net.ipv4.ip_forward                 = 1
+SYSCTL
+
 # Timers that would start background work in the middle of a test run (apt cannot
 # reach a mirror anyway): masked. A real node runs them.
 for t in apt-daily.timer apt-daily-upgrade.timer dpkg-db-backup.timer e2scrub_all.timer \

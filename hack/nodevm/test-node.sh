@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# test-node.sh NODE_DIR OLD_REV: the node VM half of `make test-node`. NODE_DIR holds
+# what the Makefile built: deb/crisp_<version>_<arch>.deb (make deb) and node.test
+# (go test -c of NODE_PKG, ./e2e, whose tests NODE_RUN, ^TestNode, picks). OLD_REV is
+# the commit whose package the upgrade tests start from (nodevm/old-deb.sh builds and
+# caches it; its version must sort below this one).
+#
+# For each cgroup driver in NODE_DRIVERS ("systemd cgroupfs") it boots a fresh guest
+# (hack/nodevm.sh run) on the share NODE_DIR/run-<driver>/: node.test, node.env,
+# deb/<the package>, old/<the old package>, run.sh = nodevm/node-run.sh, and testdata/
+# when NODE_PKG has one. Inside, /mnt/host is that share; node-run.sh copies the files
+# to /root/node and runs node.test there (see it for the environment). Each guest gets
+# NODE_TEST_TIMEOUT (25m) for the suite and 5 minutes more for its boot and the install
+# (NODEVM_TIMEOUT). NODE_PARALLEL=1 runs the guests at once instead of one after the
+# other: on this 2-core host that is slower (each TCG guest wants 2 cores). Prints per
+# driver the boot time, the suite's time and its PASS/FAIL/SKIP counts; fails if any
+# run failed. Logs stay in NODE_DIR/run-<driver>/out/: run.log, serial.log and, after a
+# failure, journal-crisp.log, dmesg.log, failed-units.log.
+set -euo pipefail
+dir=$(cd "${1:?usage: test-node.sh NODE_DIR OLD_REV}" && pwd)
+old_rev=${2:?usage: test-node.sh NODE_DIR OLD_REV}
+hack=$(cd "$(dirname "$0")/.." && pwd)
+repo=$(cd "$hack/.." && pwd)
+drivers=${NODE_DRIVERS:-systemd cgroupfs}
+test_timeout=${NODE_TEST_TIMEOUT:-25m}
+parallel=${NODE_PARALLEL:-0}
+pkg=${NODE_PKG:-./e2e}
+run=${NODE_RUN-^TestNode}
+
+log() { echo "test-node: $*" >&2; }
+die() { log "$*"; exit 1; }
+t_start=$(date +%s)
+
+debs=("$dir"/deb/crisp_*.deb)
+[ ${#debs[@]} -eq 1 ] && [ -f "${debs[0]}" ] || die "want one package in $dir/deb, found: ${debs[*]}"
+deb=${debs[0]}
+[ -x "$dir/node.test" ] || die "$dir/node.test: not built"
+old_deb=$("$hack/nodevm/old-deb.sh" "$old_rev")
+version=$(dpkg-deb -f "$deb" Version)
+old_version=$(dpkg-deb -f "$old_deb" Version)
+dpkg --compare-versions "$old_version" lt "$version" ||
+	die "the old package's version $old_version ($old_rev) does not sort below $version"
+log "package $version, upgrades from $old_version ($old_rev)"
+
+"$hack/nodevm.sh" image >/dev/null
+
+case $test_timeout in
+*m) guest_timeout=$(( ${test_timeout%m} + 5 ))m ;;
+*) die "NODE_TEST_TIMEOUT: minutes please (25m)" ;;
+esac
+
+pids=()
+stop_children() {
+	for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+	pids=()
+}
+trap 'stop_children; exit 130' INT
+trap 'stop_children; exit 143' TERM
+
+prepare() { # prepare DRIVER: the share of that driver's guest
+	local s=$dir/run-$1
+	rm -rf "$s"
+	mkdir -p "$s/deb" "$s/old"
+	ln "$dir/node.test" "$s/node.test" 2>/dev/null || cp "$dir/node.test" "$s/node.test"
+	cp "$deb" "$s/deb/"
+	cp "$old_deb" "$s/old/"
+	cp "$hack/nodevm/node-run.sh" "$s/run.sh"
+	if [ -d "$repo/$pkg/testdata" ]; then cp -r "$repo/$pkg/testdata" "$s/"; fi
+	printf 'NODE_DRIVER=%q\nNODE_DEB=%q\nNODE_OLD_DEB=%q\nNODE_TEST_TIMEOUT=%q\nNODE_RUN=%q\n' \
+		"$1" "${deb##*/}" "${old_deb##*/}" "$test_timeout" "$run" > "$s/node.env"
+}
+
+declare -A rc
+for d in $drivers; do
+	prepare "$d"
+	if [ "$parallel" = 1 ]; then
+		log "$d: booting (output in $dir/run-$d.log)"
+		NODEVM_TIMEOUT=$guest_timeout "$hack/nodevm.sh" run "$dir/run-$d" > "$dir/run-$d.log" 2>&1 &
+		pids+=($!)
+	else
+		log "$d: booting"
+		rc[$d]=0
+		NODEVM_TIMEOUT=$guest_timeout "$hack/nodevm.sh" run "$dir/run-$d" || rc[$d]=$?
+	fi
+done
+if [ "$parallel" = 1 ]; then
+	i=0
+	for d in $drivers; do
+		rc[$d]=0
+		wait "${pids[$i]}" || rc[$d]=$?
+		i=$(( i + 1 ))
+		cat "$dir/run-$d.log" >&2
+	done
+	pids=()
+fi
+
+value() { sed -n "s/^$1=//p" "$2" 2>/dev/null; }
+failed=0
+printf '\n%-9s %-6s %8s %8s %6s %6s %6s\n' driver result boot_s suite_s pass fail skip
+for d in $drivers; do
+	out=$dir/run-$d/out
+	count() { grep -cE "^[[:space:]]*--- $1:" "$out/run.log" 2>/dev/null || true; }
+	res=PASS
+	if [ "${rc[$d]}" != 0 ]; then res=FAIL failed=1; fi
+	printf '%-9s %-6s %8s %8s %6s %6s %6s\n' "$d" "$res" "$(value boot_s "$out/nodevm.times")" \
+		"$(cat "$out/suite_s" 2>/dev/null || echo -)" "$(count PASS)" "$(count FAIL)" "$(count SKIP)"
+done
+for d in $drivers; do
+	[ "${rc[$d]}" != 0 ] || continue
+	out=$dir/run-$d/out
+	echo
+	echo "=== $d: FAILED (exit ${rc[$d]}); logs in $out"
+	grep -E '^[[:space:]]*--- FAIL:' "$out/run.log" 2>/dev/null || true
+	echo "--- last lines of $out/run.log:"
+	tail -n 60 "$out/run.log" 2>/dev/null || true
+done
+log "done in $(( $(date +%s) - t_start )) s"
+exit "$failed"
