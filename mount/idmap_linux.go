@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -24,15 +25,20 @@ type IDMap struct {
 }
 
 // AllIDMapped mounts ms on target like All, but with idmapped layers (Linux 5.19+):
-// every overlay lowerdir and the directory holding upperdir and workdir are cloned as
-// detached mounts (open_tree(OPEN_TREE_CLONE)), idmapped with the user namespace
-// (mount_setattr(MOUNT_ATTR_IDMAP)) and given to overlayfs as /proc/self/fd/N paths; a
-// bind mount is cloned and idmapped the same way and attached with move_mount. The
-// files, owned on disk by 0..n, then appear owned by the namespace's host range, that
-// is by 0..n inside the container, and what the container writes lands on disk with its
-// in-container ids. This is containerd 2.1's approach. The detached clones never appear
-// in any mount table: overlayfs takes private references to its layers, and closing
-// the file descriptors frees the rest, so unmounting target is all the cleanup needed.
+// every overlay lowerdir and the directory holding upperdir and workdir are cloned
+// (open_tree(OPEN_TREE_CLONE)), idmapped with the user namespace
+// (mount_setattr(MOUNT_ATTR_IDMAP)) and given to overlayfs; a bind mount is cloned and
+// idmapped the same way and attached with move_mount. The files, owned on disk by
+// 0..n, then appear owned by the namespace's host range, that is by 0..n inside the
+// container, and what the container writes lands on disk with its in-container ids.
+//
+// Overlayfs takes only attached mounts as layers before Linux 6.15 (clone_private_mount
+// refuses a detached one: "failed to clone lowerpath", EINVAL; Debian 12 and Ubuntu
+// 24.04 run 6.1 and 6.8), so the clones are attached below a staging directory next to
+// target (see stagingDir) for the overlay mount and detached right after it, as
+// containerd does: overlayfs holds private references to its layers. The lower layers
+// are attached read-only, so that nothing ever deletes image files through a staging
+// mount a crash left behind; Unmount(target) removes such leftovers.
 func AllIDMapped(ms []Mount, target string, idmap IDMap) (retErr error) {
 	userns, err := unix.Open(idmap.UserNS, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -69,13 +75,16 @@ func isBind(options []string) bool {
 }
 
 // idmappedTree returns a detached, idmapped clone of the mount at path (only the mount
-// itself: lower layers and snapshot directories have no submounts).
-func idmappedTree(path string, userns int) (int, error) {
+// itself: lower layers and snapshot directories have no submounts), read-only if ro.
+func idmappedTree(path string, userns int, ro bool) (int, error) {
 	fd, err := unix.OpenTree(unix.AT_FDCWD, path, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 	if err != nil {
 		return -1, fmt.Errorf("open_tree %s: %w", path, err)
 	}
 	attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(userns)}
+	if ro {
+		attr.Attr_set |= unix.MOUNT_ATTR_RDONLY
+	}
 	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, attr); err != nil {
 		unix.Close(fd)
 		return -1, fmt.Errorf("idmap %s: %w", path, err)
@@ -83,7 +92,49 @@ func idmappedTree(path string, userns int) (int, error) {
 	return fd, nil
 }
 
-func fdPath(fd int) string { return fmt.Sprintf("/proc/self/fd/%d", fd) }
+// stagingDir is where the idmapped layers of the overlay on target are attached while
+// it is mounted.
+func stagingDir(target string) string { return target + ".idmap" }
+
+// attachStaged attaches the detached mount fd at a new directory name below staging.
+func attachStaged(fd int, staging, name string) (string, error) {
+	dir := filepath.Join(staging, name)
+	if err := os.Mkdir(dir, 0o711); err != nil {
+		return "", fmt.Errorf("create staging mount point: %w", err)
+	}
+	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, dir, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		_ = os.Remove(dir)
+		return "", fmt.Errorf("attach idmapped layer at %s: %w", dir, err)
+	}
+	return dir, nil
+}
+
+// removeStaging detaches whatever is attached below staging and removes it. It never
+// deletes below a mount point: a directory that stays busy is an error.
+func removeStaging(staging string) error {
+	entries, err := os.ReadDir(staging)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read %s: %w", staging, err)
+	}
+	var errs []error
+	for _, en := range entries {
+		dir := filepath.Join(staging, en.Name())
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("detach %s: %w", dir, err))
+			continue
+		}
+		if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	if err := os.Remove(staging); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
 
 func mountIDMappedOverlay(m Mount, target string, userns int, idmap IDMap) error {
 	flags, data := parse(m.Options)
@@ -108,19 +159,25 @@ func mountIDMappedOverlay(m Mount, target string, userns int, idmap IDMap) error
 	if (upper == "") != (work == "") {
 		return fmt.Errorf("idmapped overlay on %s: upperdir and workdir go together (%v)", target, m.Options)
 	}
-	var fds []int
-	defer func() {
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
-	}()
-	tree := func(path string) (string, error) {
-		fd, err := idmappedTree(path, userns)
+	staging := stagingDir(target)
+	// A staging dir left by a crash is cleared first; the new one goes when the
+	// overlay holds its layers (or failed to).
+	if err := removeStaging(staging); err != nil {
+		return fmt.Errorf("idmapped overlay on %s: %w", target, err)
+	}
+	if err := os.Mkdir(staging, 0o711); err != nil {
+		return fmt.Errorf("idmapped overlay on %s: create staging dir: %w", target, err)
+	}
+	defer func() { _ = removeStaging(staging) }()
+	n := 0
+	tree := func(path string, ro bool) (string, error) {
+		fd, err := idmappedTree(path, userns, ro)
 		if err != nil {
 			return "", err
 		}
-		fds = append(fds, fd)
-		return fdPath(fd), nil
+		defer unix.Close(fd)
+		n++
+		return attachStaged(fd, staging, strconv.Itoa(n))
 	}
 	opts := make([]string, 0, len(rest)+3)
 	if upper != "" {
@@ -130,7 +187,7 @@ func mountIDMappedOverlay(m Mount, target string, userns int, idmap IDMap) error
 		if filepath.Dir(work) != parent {
 			return fmt.Errorf("idmapped overlay on %s: upperdir %s and workdir %s must share a parent directory", target, upper, work)
 		}
-		p, err := tree(parent)
+		p, err := tree(parent, false)
 		if err != nil {
 			return err
 		}
@@ -138,7 +195,7 @@ func mountIDMappedOverlay(m Mount, target string, userns int, idmap IDMap) error
 	}
 	idmapped := make([]string, len(lowers))
 	for i, l := range lowers {
-		p, err := tree(l)
+		p, err := tree(l, true)
 		if err != nil {
 			return err
 		}
@@ -191,7 +248,7 @@ func mountAsIDs(data, target string, flags uintptr, uid, gid uint32) error {
 
 func mountIDMappedBind(m Mount, target string, userns int) error {
 	flags, _ := parse(m.Options)
-	fd, err := idmappedTree(m.Source, userns)
+	fd, err := idmappedTree(m.Source, userns, false)
 	if err != nil {
 		return err
 	}

@@ -40,8 +40,8 @@ func owner(t *testing.T, path string) uint32 {
 
 // TestAllIDMappedOverlay: through idmapped layers the root-owned lower files appear
 // owned by the namespace's root (host 100000); a file created by host uid 100000 (the
-// container's root) is stored as 0 in the upper dir; and once the overlay is unmounted
-// no mount is left (the idmapped clones were never attached anywhere).
+// container's root) is stored as 0 in the upper dir; the layers' staging mounts are
+// gone once the overlay is mounted; and once it is unmounted no mount is left.
 func TestAllIDMappedOverlay(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("mounting needs root")
@@ -80,6 +80,12 @@ func TestAllIDMappedOverlay(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = Unmount(merged) })
+	if mounts := mountsBelow(t, dir); len(mounts) != 1 || mounts[0] != merged {
+		t.Errorf("mounts below %s with the overlay up: %v, want only %s", dir, mounts, merged)
+	}
+	if _, err := os.Stat(stagingDir(merged)); !os.IsNotExist(err) {
+		t.Errorf("staging dir left: %v", err)
+	}
 	if got := owner(t, filepath.Join(merged, "a")); got != 100000 {
 		t.Errorf("lower file a owned by %d on the host through the overlay, want 100000", got)
 	}
@@ -109,6 +115,73 @@ func TestAllIDMappedOverlay(t *testing.T) {
 	}
 	if strings.Contains(string(mi), dir) {
 		t.Errorf("mounts under %s left after unmount:\n%s", dir, mi)
+	}
+}
+
+// mountsBelow lists the mount points below dir.
+func mountsBelow(t *testing.T, dir string) []string {
+	t.Helper()
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(mi), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			out = append(out, f[4])
+		}
+	}
+	return out
+}
+
+// TestUnmountRemovesStaging: staging mounts a crash left between attaching an
+// idmapped layer and mounting the overlay are detached by Unmount of the target, and
+// the layer's files are untouched (the layer was attached read-only).
+func TestUnmountRemovesStaging(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting needs root")
+	}
+	dir := t.TempDir()
+	layer, target := filepath.Join(dir, "layer"), filepath.Join(dir, "rootfs")
+	for _, d := range []string{layer, target} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(layer, "f"), []byte("keep"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	userns, err := unix.Open(fmt.Sprintf("/proc/%d/ns/user", userNSProcess(t)), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(userns)
+	fd, err := idmappedTree(layer, userns, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := os.Mkdir(stagingDir(target), 0o711); err != nil {
+		t.Fatal(err)
+	}
+	staged, err := attachStaged(fd, stagingDir(target), "1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(staged, "f")); err == nil {
+		t.Fatal("a file of a read-only staged layer could be removed")
+	}
+	if err := Unmount(target); err != nil {
+		t.Fatal(err)
+	}
+	if m := mountsBelow(t, dir); len(m) > 0 {
+		t.Errorf("mounts left: %v", m)
+	}
+	if _, err := os.Stat(stagingDir(target)); !os.IsNotExist(err) {
+		t.Errorf("staging dir left: %v", err)
+	}
+	if data, err := os.ReadFile(filepath.Join(layer, "f")); err != nil || string(data) != "keep" {
+		t.Errorf("layer file after cleanup: %q %v", data, err)
 	}
 }
 

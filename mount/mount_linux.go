@@ -85,7 +85,8 @@ func All(ms []Mount, target string) (retErr error) {
 }
 
 // Unmount unmounts everything stacked on target, falling back to a lazy unmount when
-// the mount is busy; a target with nothing mounted is not an error.
+// the mount is busy; a target with nothing mounted is not an error. The staging mounts
+// of an idmapped overlay that a crash left next to target (AllIDMapped) go too.
 func Unmount(target string) error {
 	for i := 0; i < 64; i++ {
 		err := unix.Unmount(target, 0)
@@ -93,7 +94,7 @@ func Unmount(target string) error {
 		case err == nil:
 			continue
 		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
-			return nil
+			return removeStaging(stagingDir(target))
 		case errors.Is(err, unix.EBUSY):
 			if err := unix.Unmount(target, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
 				return fmt.Errorf("unmount %s: %w", target, err)

@@ -6,11 +6,14 @@ import (
 	"math"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"syscall"
 
 	"github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/crisp-runtime/crisp/mount"
 )
 
 // UserNS is a pod's validated user namespace: the single uid and gid range kubelet
@@ -132,12 +135,11 @@ func CheckPodUserNS(pod *runtime.PodSandboxConfig) error {
 }
 
 // IDMappedMountsSupported reports whether user-namespaced pods can run here: the
-// kernel must have user namespaces and mount_setattr(MOUNT_ATTR_IDMAP) on both the
-// filesystem under dir (where the overlay snapshots live: their layers are idmapped)
-// and overlayfs itself (volumes inside a pod can be overlay too). It probes for real,
-// in a throwaway child process: the child makes a user namespace, clones dir's mount
-// detached and idmaps it. Nothing is attached anywhere, so a failed or killed probe
-// leaves nothing behind. Callers probe once at start.
+// kernel must have user namespaces, idmapped mounts on the filesystem under dir
+// (where the overlay snapshots live) and overlayfs that takes idmapped layers (5.19+).
+// It mounts for real what a container of such a pod gets: an overlay of idmapped
+// layers below dir, through mount.AllIDMapped, in a user namespace a throwaway child
+// made; everything is unmounted and removed again. Callers probe once at start.
 func IDMappedMountsSupported(dir string) error {
 	if _, err := os.Stat("/proc/self/ns/user"); err != nil {
 		return fmt.Errorf("user namespaces: %w", err)
@@ -147,17 +149,30 @@ func IDMappedMountsSupported(dir string) error {
 		return err
 	}
 	defer cleanup()
-	tree, err := unix.OpenTree(unix.AT_FDCWD, dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	tmp, err := os.MkdirTemp(dir, ".idmap-probe-")
 	if err != nil {
-		return fmt.Errorf("open_tree %s: %w", dir, err)
+		return fmt.Errorf("idmapped mount probe: %w", err)
 	}
-	defer unix.Close(tree)
-	attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(usernsFd)}
-	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, attr); err != nil {
-		if errors.Is(err, unix.EINVAL) {
-			return fmt.Errorf("idmapped mount of %s: the filesystem does not support idmapped mounts: %w", dir, err)
+	defer os.RemoveAll(tmp)
+	for _, d := range []string{"lower", "upper", "work", "merged"} {
+		if err := os.Mkdir(filepath.Join(tmp, d), 0o755); err != nil {
+			return fmt.Errorf("idmapped mount probe: %w", err)
 		}
-		return fmt.Errorf("idmapped mount of %s: %w", dir, err)
+	}
+	merged := filepath.Join(tmp, "merged")
+	ov := mount.Mount{Type: "overlay", Source: "overlay", Options: []string{
+		"lowerdir=" + filepath.Join(tmp, "lower"), "upperdir=" + filepath.Join(tmp, "upper"), "workdir=" + filepath.Join(tmp, "work"),
+	}}
+	// The probe namespace maps its root to 65534 (probeUserNS).
+	err = mount.AllIDMapped([]mount.Mount{ov}, merged, mount.IDMap{UserNS: fmt.Sprintf("/proc/self/fd/%d", usernsFd), RootUID: 65534, RootGID: 65534})
+	if err != nil {
+		if errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("idmapped overlay below %s: the kernel or the filesystem does not support idmapped layers (Linux 5.19+): %w", dir, err)
+		}
+		return fmt.Errorf("idmapped overlay below %s: %w", dir, err)
+	}
+	if err := mount.Unmount(merged); err != nil {
+		return fmt.Errorf("idmapped mount probe: %w", err)
 	}
 	return nil
 }
