@@ -41,6 +41,9 @@ func New(disabled bool) *Host {
 	return &Host{profiles: profilesFile, load: ctrdapparmor.LoadDefaultProfile}
 }
 
+// DefaultLoaded reports whether crisp's default profile is loaded now.
+func (h *Host) DefaultLoaded() (bool, error) { return h.Loaded(DefaultProfile) }
+
 // EnsureDefault loads crisp's default profile unless it is loaded, and returns its
 // name. criserver calls it at start; every container that gets the default profile
 // calls it again, because an operator's aa-teardown or apparmor reload may have

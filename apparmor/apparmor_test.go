@@ -45,4 +45,3 @@ func TestDefaultProfileGenerates(t *testing.T) {
 		t.Errorf("generated profile lacks %q:\n%s", want, p)
 	}
 }
-

@@ -498,3 +498,33 @@ func listNATChain(v6 bool, chain string) (string, error) {
 	}
 	return string(out), nil
 }
+
+// checkAppArmor says whether containers will be confined: on a host with AppArmor,
+// criserver loads crisp-default at start and gives it to containers that ask for
+// nothing or RuntimeDefault (containerd's behaviour). A host without it is fine, as
+// for containerd: containers then run unconfined and pods that ask for a profile are
+// refused.
+func checkAppArmor(h Host, disabled bool) Result {
+	r := Result{Name: "security.apparmor"}
+	var aa AppArmor
+	if h.AppArmor != nil {
+		aa = h.AppArmor()
+	}
+	switch {
+	case aa == nil:
+		r.Detail = "not enabled on this host: containers run without an AppArmor profile, and pods that ask for one are refused"
+	case disabled:
+		r.Status, r.Detail = Warn, "enabled on this host but disable_apparmor is set: containers run unconfined, and pods that ask for a profile are refused"
+	default:
+		loaded, err := aa.DefaultLoaded()
+		switch {
+		case err != nil:
+			r.Status, r.Detail = Warn, fmt.Sprintf("enabled, but the loaded profiles cannot be read: %v", err)
+		case loaded:
+			r.Detail = "enabled; crisp-default is loaded and confines containers that ask for no profile or RuntimeDefault"
+		default:
+			r.Detail = "enabled; criserver loads crisp-default when it starts (apparmor_parser)"
+		}
+	}
+	return r
+}

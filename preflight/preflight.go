@@ -1,14 +1,16 @@
 // Package preflight tells an operator, before kubelet does, what this node lacks for
 // crisp: kernel features, cgroups, the cgroup driver kubelet expects, CNI configs and
 // plugins, the shim of every runtime handler and the sysctls kubelet's networking
-// needs. `criserver check` runs it. Every check only reads: it never loads a module,
-// writes a config or changes a sysctl.
+// needs. `criserver check` runs it. Every check only reads: it never loads a module
+// or an AppArmor profile, writes a config or changes a sysctl (the idmapped-mount
+// probe mounts a throwaway overlay in a temporary directory and removes it).
 package preflight
 
 import (
 	"fmt"
 	"io"
 
+	"github.com/crisp-runtime/crisp/apparmor"
 	"github.com/crisp-runtime/crisp/config"
 	"github.com/crisp-runtime/crisp/controller"
 	"github.com/crisp-runtime/crisp/cri/spec"
@@ -58,6 +60,13 @@ type Host struct {
 	ResolveShim func(name string) (string, error)
 	// NATChain lists a chain of the nat table (iptables -S, ip6tables for v6).
 	NATChain func(v6 bool, chain string) (string, error)
+	// AppArmor is the host's AppArmor as criserver would use it (nil: none).
+	AppArmor func() AppArmor
+}
+
+// AppArmor is what the AppArmor check asks of the host's (package apparmor).
+type AppArmor interface {
+	DefaultLoaded() (bool, error)
 }
 
 // DefaultKubeletConfig is where kubeadm and most installers put kubelet's config file.
@@ -74,6 +83,12 @@ func Default() Host {
 		IDMappedMounts:    spec.IDMappedMountsSupported,
 		ResolveShim:       controller.ResolveShim,
 		NATChain:          listNATChain,
+		AppArmor: func() AppArmor {
+			if h := apparmor.New(false); h != nil {
+				return h
+			}
+			return nil
+		},
 	}
 }
 
@@ -91,6 +106,7 @@ func Run(cfg config.Config, h Host) []Result {
 	out = append(out, checkMasquerade(h, cfg.CNI))
 	out = append(out, checkShims(h, cfg)...)
 	out = append(out, checkSysctls(h)...)
+	out = append(out, checkAppArmor(h, cfg.DisableAppArmor))
 	return out
 }
 

@@ -390,3 +390,35 @@ func TestRunWrite(t *testing.T) {
 		t.Error("warnings alone must not fail the check")
 	}
 }
+
+type fakeAppArmor struct {
+	loaded bool
+	err    error
+}
+
+func (f fakeAppArmor) DefaultLoaded() (bool, error) { return f.loaded, f.err }
+
+func TestAppArmor(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		aa       AppArmor
+		disabled bool
+		want     Status
+		detail   string
+	}{
+		{"host without", nil, false, OK, "not enabled on this host"},
+		{"loaded", fakeAppArmor{loaded: true}, false, OK, "crisp-default is loaded"},
+		{"loaded at start", fakeAppArmor{}, false, OK, "criserver loads crisp-default when it starts"},
+		{"unreadable", fakeAppArmor{err: errors.New("permission denied")}, false, Warn, "permission denied"},
+		{"disabled", fakeAppArmor{loaded: true}, true, Warn, "disable_apparmor is set"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := fakeHost(t, nil)
+			h.AppArmor = func() AppArmor { return tc.aa }
+			r := checkAppArmor(h, tc.disabled)
+			if r.Status != tc.want || !strings.Contains(r.Detail, tc.detail) {
+				t.Errorf("%v %q, want %v containing %q", r.Status, r.Detail, tc.want, tc.detail)
+			}
+		})
+	}
+}
