@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -51,6 +52,9 @@ func TestNodeAppArmor(t *testing.T) {
 	}
 	if !aaLoaded(t, "crisp-default") {
 		t.Fatal("crisp-default is not loaded although crisp is running")
+	}
+	if out, _ := exec.Command("criserver", "--config", "/etc/crisp/config.toml", "check").CombinedOutput(); !strings.Contains(string(out), "crisp-default is loaded") {
+		t.Errorf("criserver check does not report crisp-default loaded:\n%s", out)
 	}
 	for name, extra := range map[string]string{aaAllow: "", aaDeny: "  deny /tmp/** w,\n"} {
 		path := filepath.Join(e.dir, name)
@@ -99,7 +103,7 @@ func TestNodeAppArmor(t *testing.T) {
 			cfg.Linux.SecurityContext.Apparmor = tc.field
 			cfg.Linux.SecurityContext.ApparmorProfile = tc.str
 			id := e.runCtr(ctx, podID, kp.cfg, cfg)
-			if got := aaCurrent(t, e.ctrPid(ctx, id)); got != tc.want {
+			if got := aaSettled(t, e.ctrPid(ctx, id), tc.want); got != tc.want {
 				t.Errorf("container runs as %q, want %q", got, tc.want)
 			}
 			// An exec gets the container's profile.
@@ -147,7 +151,7 @@ func TestNodeAppArmor(t *testing.T) {
 		t.Fatal("crisp-default still loaded after its removal")
 	}
 	id := e.runCtr(ctx, podID, kp.cfg, ctrConfig("reloaded", img, "sleep", "3600"))
-	if got := aaCurrent(t, e.ctrPid(ctx, id)); got != "crisp-default (enforce)" {
+	if got := aaSettled(t, e.ctrPid(ctx, id), "crisp-default (enforce)"); got != "crisp-default (enforce)" {
 		t.Errorf("after the profile was removed, a new container runs as %q", got)
 	}
 	e.stopRemove(ctx, t, podID)
@@ -182,6 +186,19 @@ func aaCurrent(t *testing.T, pid int) string {
 		t.Fatalf("AppArmor label of pid %d: %v", pid, err)
 	}
 	return strings.TrimSpace(strings.TrimRight(string(data), "\x00"))
+}
+
+// aaSettled is a container's confinement once its process has been exec'd: runc
+// applies the profile at the execve of the container's process, which may come a
+// little after StartContainer returns (runc init runs unconfined until then). It
+// waits up to 10 s for want and returns what it last read.
+func aaSettled(t *testing.T, pid int, want string) string {
+	t.Helper()
+	got := aaCurrent(t, pid)
+	for deadline := time.Now().Add(10 * time.Second); got != want && time.Now().Before(deadline); got = aaCurrent(t, pid) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	return got
 }
 
 // aaLoaded reports whether a profile is loaded in the kernel.
