@@ -81,4 +81,3 @@ func (e *env) restartOrStop(action string) {
 	}
 	systemctl(e.t, "stop", "crisp.service")
 }
-
