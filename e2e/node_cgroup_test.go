@@ -34,7 +34,7 @@ func TestNodeCgroupResources(t *testing.T) {
 	cfg := ctrConfig("limited", img, "sleep", "3600")
 	cfg.Linux.Resources = &cri.LinuxContainerResources{
 		MemoryLimitInBytes: 64 << 20, CpuPeriod: 100000, CpuQuota: 50000, CpuShares: 512,
-		Unified: map[string]string{"memory.high": "60000000"},
+		Unified: map[string]string{"memory.high": "62914560"},
 	}
 	hugetlb := hasController(t, kp.cgroup, "hugetlb")
 	if hugetlb {
@@ -48,7 +48,7 @@ func TestNodeCgroupResources(t *testing.T) {
 	weight := strconv.FormatUint(cgroups.ConvertCPUSharesToCgroupV2Value(512), 10)
 	want := map[string]string{
 		"memory.max":  "67108864",
-		"memory.high": "60000000",
+		"memory.high": "62914560",
 		"cpu.max":     "50000 100000",
 		"cpu.weight":  weight,
 	}
@@ -72,11 +72,11 @@ func TestNodeCgroupResources(t *testing.T) {
 
 	// Live updates: memory and quota; shares and period stay.
 	if _, err := e.rt.UpdateContainerResources(ctx, &cri.UpdateContainerResourcesRequest{ContainerId: id, Linux: &cri.LinuxContainerResources{
-		MemoryLimitInBytes: 128 << 20, CpuQuota: 20000, Unified: map[string]string{"memory.high": "100000000"},
+		MemoryLimitInBytes: 128 << 20, CpuQuota: 20000, Unified: map[string]string{"memory.high": "104857600"},
 	}}); err != nil {
 		t.Fatalf("UpdateContainerResources: %v", err)
 	}
-	want["memory.max"], want["cpu.max"], want["memory.high"] = "134217728", "20000 100000", "100000000"
+	want["memory.max"], want["cpu.max"], want["memory.high"] = "134217728", "20000 100000", "104857600"
 	checkFiles(t, cg, want)
 	if systemd {
 		checkUnit(t, unit, map[string]string{"MemoryMax": "134217728", "CPUQuotaPerSecUSec": "200ms", "CPUWeight": weight})

@@ -97,7 +97,7 @@ func (e *env) nodeCleanup(started time.Time) {
 // journal is crisp.service's journal since a time, its last 300 lines.
 func journal(since time.Time) string {
 	out, err := exec.Command("journalctl", "-u", "crisp", "--no-pager", "-o", "cat", "-n", "300",
-		"--since", since.Add(-time.Second).Format("2006-01-02 15:04:05")).CombinedOutput()
+		"--since", fmt.Sprintf("@%d", since.Add(-time.Second).Unix())).CombinedOutput()
 	if err != nil {
 		return fmt.Sprintf("journalctl: %v: %s", err, out)
 	}
