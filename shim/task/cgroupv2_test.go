@@ -107,6 +107,58 @@ func TestOOMWatchV2CheckWithoutEvent(t *testing.T) {
 	}
 }
 
+// TestOOMWatchV2ScopeGoneAtExit: under the systemd driver the container's scope (and
+// its memory.events) may be gone before the exit is checked, the event unread. The
+// pod's memory.events, which counts its children's kills, then decides, but only for
+// an init that died of SIGKILL.
+func TestOOMWatchV2ScopeGoneAtExit(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		parentBefore  int // the pod's oom_kill at the container's start
+		parentAtExit  int
+		sigkill, want bool
+	}{
+		{"killed by the OOM killer", 1, 2, true, true},
+		{"SIGKILL, no kill in the pod", 1, 1, true, false},
+		{"exited by itself while a sibling was OOM-killed", 1, 2, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			node := v2test.New(t)
+			pod := node.Mkdir("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podx.slice")
+			node.Write(pod, map[string]string{"memory.events": memoryEvents(0, tc.parentBefore, tc.parentBefore)})
+			dir := node.Mkdir("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podx.slice/crisp-c1.scope")
+			node.Write(dir, map[string]string{"memory.events": memoryEvents(0, 0, 0)})
+			w, err := watchOOMIn(dir, true, discard(), func() {})
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.stop() // the event is never read
+			node.Write(pod, map[string]string{"memory.events": memoryEvents(0, tc.parentAtExit, tc.parentAtExit)})
+			if err := os.RemoveAll(dir); err != nil {
+				t.Fatal(err)
+			}
+			if got := w.checkExit(tc.sigkill); got != tc.want {
+				t.Errorf("checkExit = %v, want %v", got, tc.want)
+			}
+		})
+	}
+	// With its own counter readable, the container's decides, not the pod's.
+	node := v2test.New(t)
+	pod := node.Mkdir("/pod")
+	node.Write(pod, map[string]string{"memory.events": memoryEvents(0, 0, 0)})
+	dir := node.Mkdir("/pod/crisp-c1")
+	node.Write(dir, map[string]string{"memory.events": memoryEvents(0, 0, 0)})
+	w, err := watchOOMIn(dir, true, discard(), func() {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.stop()
+	node.Write(pod, map[string]string{"memory.events": memoryEvents(0, 1, 1)})
+	if w.checkExit(true) {
+		t.Error("a sibling's kill counted although the container's own counter shows none")
+	}
+}
+
 // TestOOMWatchV2NoMemoryController: without the memory controller enabled for the
 // cgroup there is no memory.events; the watch fails (the caller logs it and goes on
 // without one) instead of watching nothing.

@@ -129,6 +129,9 @@ func (c *container) waitInit() {
 		c.log.Error("wait for container init", "pid", pid, "error", err)
 		status = 255
 	}
+	// Right after the exit, before anything slow (the output drain): under the systemd
+	// driver the scope, and with it memory.events, goes as soon as it is empty.
+	oom := c.oom != nil && c.oom.checkExit(status == 128+uint32(unix.SIGKILL))
 	if !c.privatePID {
 		// In a shared PID namespace nothing kills the rest of the container with its
 		// init (containerd's shim kills them too).
@@ -145,7 +148,6 @@ func (c *container) waitInit() {
 	} else {
 		c.log.Warn("container output still open after exit; closed on delete")
 	}
-	oom := c.oom != nil && c.oom.check()
 	p.setExited(status, at)
 	c.log.Info("container exited", "pid", pid, "exit_status", status, "oom_killed", oom)
 	c.svc.releaseMemory()

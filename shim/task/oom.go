@@ -21,10 +21,22 @@ import (
 // kill counts whether the container's own limit or the pod's was hit. The counter is
 // checked when the kernel signals a memory event and again when the container exits, so a
 // kill is seen even if the event came first.
+//
+// Under the systemd driver a container's cgroup is a scope, which systemd stops and
+// removes as soon as it is empty: when the OOM killer took the container's last
+// process, memory.events may be gone before the shim reads it (seen in the node VM,
+// where a loaded host loses that race). The parent's (the pod's) memory.events counts
+// the kill too, hierarchically, and outlives the scope: an init that died of SIGKILL
+// while the parent's counter rose, with the container's own counter gone, was killed
+// by the OOM killer (checkExit).
 type oomWatch struct {
 	file   string // memory.oom_control (v1) or memory.events (v2)
 	base   uint64 // the counter when the container started
-	killed atomic.Bool
+	// parent is the parent cgroup's memory.events (v2; "" when unreadable) and
+	// parentBase its counter when the container started.
+	parent     string
+	parentBase uint64
+	killed     atomic.Bool
 	// ev is the eventfd (v1) or inotify fd (v2), read through the runtime poller so that
 	// watching costs a parked goroutine and no thread.
 	ev  *os.File
@@ -52,6 +64,10 @@ func watchOOMIn(dir string, v2 bool, log *slog.Logger, onKill func()) (*oomWatch
 	}
 	w.base = base
 	if v2 {
+		parent := filepath.Join(filepath.Dir(dir), "memory.events")
+		if n, err := readOOMKills(parent); err == nil {
+			w.parent, w.parentBase = parent, n
+		}
 		err = w.openInotify()
 	} else {
 		err = w.openEventfd(dir)
@@ -124,6 +140,23 @@ func (w *oomWatch) check() bool {
 	}
 	if n > w.base {
 		w.killed.Store(true)
+	}
+	return w.killed.Load()
+}
+
+// checkExit is check at the container's exit: sigkill says its init died of SIGKILL.
+// When the container's own counter is gone (its scope removed), a rise of the parent's
+// counter since the start stands for it, but only for a SIGKILLed init: a container
+// that exited by itself was not the victim of a sibling's OOM kill.
+func (w *oomWatch) checkExit(sigkill bool) bool {
+	if _, err := readOOMKills(w.file); err == nil || w.killed.Load() {
+		return w.check()
+	}
+	if sigkill && w.parent != "" {
+		if n, err := readOOMKills(w.parent); err == nil && n > w.parentBase {
+			w.log.Debug("container cgroup gone at exit; OOM kill counted by its parent", "parent", w.parent)
+			w.killed.Store(true)
+		}
 	}
 	return w.killed.Load()
 }
