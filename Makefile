@@ -94,20 +94,22 @@ test: deps criu containerd
 # the package from `make deb` installed in it with dpkg -i. The upgrade tests start
 # from the package of NODE_OLD_REV (298699c: the first commit with `make deb`), built
 # from a temporary git worktree and cached by commit; the image is cached in
-# /var/cache/crisp/nodevm-<key>. NODE_TEST_TIMEOUT (25m) bounds each suite; results and
-# logs in NODE_DIR (hack/nodevm/test-node.sh says which).
+# /var/cache/crisp/nodevm-<key>. NODE_TEST_TIMEOUT (25m) bounds each suite; the guests
+# run at once (NODE_PARALLEL=0: one after the other); results and logs in NODE_DIR
+# (hack/nodevm/test-node.sh says which).
 NODE_DIR          ?= $(BINDIR)/node
 NODE_OLD_REV      ?= 298699c86fbac485b3a51c949490fc6261979132
 NODE_DRIVERS      ?= systemd cgroupfs
 NODE_TEST_TIMEOUT ?= 25m
 NODE_PKG          ?= ./e2e
 NODE_RUN          ?= ^TestNode
+NODE_PARALLEL     ?= 1
 test-node:
 	rm -rf $(NODE_DIR)/deb $(NODE_DIR)/node.test
 	$(MAKE) --no-print-directory deb BINDIR=$(NODE_DIR)/bin DEBDIR=$(NODE_DIR)/deb
 	CGO_ENABLED=1 $(GO) test -c -tags '$(TAGS) node' -o $(NODE_DIR)/node.test $(NODE_PKG)
 	NODE_DRIVERS='$(NODE_DRIVERS)' NODE_TEST_TIMEOUT='$(NODE_TEST_TIMEOUT)' \
-		NODE_PKG='$(NODE_PKG)' NODE_RUN='$(NODE_RUN)' \
+		NODE_PKG='$(NODE_PKG)' NODE_RUN='$(NODE_RUN)' NODE_PARALLEL='$(NODE_PARALLEL)' \
 		hack/nodevm/test-node.sh $(NODE_DIR) $(NODE_OLD_REV)
 
 # chaos runs the fault-injection suite (e2e/chaos_test.go and e2e/leaks_test.go; root)

@@ -7,7 +7,8 @@
 #   hack/nodevm.sh run DIR    boot a fresh guest, run DIR/run.sh in it, exit with its code
 #   hack/nodevm.sh shell [DIR]  boot a fresh guest with its serial console on stdio
 #   hack/nodevm.sh check      boot a fresh guest and run the smoke check (nodevm/check.sh)
-#   hack/nodevm.sh prune      remove cached images other than the current one
+#   hack/nodevm.sh prune      remove cached images other than the current one (a new
+#                             image's build does it too), but those a guest runs on
 #
 # The image. nodevm/image/build.sh installs nodevm/image/packages with mmdebstrap into a
 # directory, shapes it with nodevm/image/customize.sh (root autologin on ttyS0, host
@@ -16,7 +17,7 @@
 # initrd.img (booted directly, no bootloader), manifest (package versions). The key
 # hashes every file under nodevm/image/, so a changed package list or customization
 # builds a new image; a cached one is reused as is (the mirror moving on does not
-# rebuild it: `prune` and `image` do). A build goes to a temp dir, must pass the smoke
+# rebuild it: remove its directory for that). A build goes to a temp dir, must pass the smoke
 # check in a guest, and only then is renamed into place: an interrupted or broken build
 # is never taken for a cached one.
 #
@@ -81,12 +82,30 @@ image_key() {
 		sha256sum | cut -c1-16
 }
 
-# State of the one guest this process runs at a time; cleanup() undoes it.
-qpid= work=
+# State of the one guest (or image build) this process runs at a time; cleanup()
+# undoes it.
+qpid= work= bpid= btmp=
 cleanup() {
 	stop_qemu
 	if [ -n "$work" ]; then rm -rf "$work"; fi
 	work=
+	if [ -n "$bpid" ]; then
+		# build.sh runs in its own process group (setsid): mmdebstrap gets the signal
+		# too and unmounts what it mounted in the tree.
+		kill -TERM -- "-$bpid" 2>/dev/null || true
+		wait "$bpid" 2>/dev/null || true
+		bpid=
+	fi
+	if [ -n "$btmp" ]; then remove_tree "$btmp"; fi
+	btmp=
+}
+# remove_tree DIR: rm -rf that never follows a mount out of DIR's file system (a build
+# killed mid-way may leave the tree's /proc, /sys or /dev mounted).
+remove_tree() {
+	local m
+	awk -v d="$1/" 'index($5, d) == 1 {print $5}' /proc/self/mountinfo | sort -r |
+		while read -r m; do umount -l "$m" 2>/dev/null || true; done
+	rm -rf --one-file-system "$1"
 }
 trap cleanup EXIT
 trap 'exit 130' INT
@@ -238,6 +257,22 @@ result() {
 	return 125
 }
 
+# prune: removes the cached images but the current one, unless a qemu boots from one.
+prune() {
+	local key d
+	key=$(image_key)
+	for d in "$cache"/nodevm-*/; do
+		d=${d%/}
+		case $d in "$cache/nodevm-$key" | *.tmp.*) continue ;; esac
+		if grep -qsF "$d/" /proc/[0-9]*/cmdline; then
+			log "keeping $d: a guest is running on it"
+			continue
+		fi
+		log "removing $d"
+		rm -rf --one-file-system "$d"
+	done
+}
+
 # ensure_image: sets imgdir to the cached image, building it first if needed.
 ensure_image() {
 	local key tmp t0 build_ms rc
@@ -249,13 +284,20 @@ ensure_image() {
 	flock 9
 	if [ -f "$imgdir/rootfs.img" ]; then exec 9>&-; return 0; fi
 	# Under the lock no build runs: any temp dir is a dead build's.
-	rm -rf "$cache"/nodevm-*.tmp.*
+	for tmp in "$cache"/nodevm-*.tmp.*; do
+		if [ -e "$tmp" ]; then log "removing $tmp (an interrupted build)"; remove_tree "$tmp"; fi
+	done
 	tmp=$imgdir.tmp.$$
+	btmp=$tmp
 	log "building the image (key $key) in $tmp"
 	t0=$(now_ms)
-	if ! "$src/build.sh" "$tmp" >"$cache/nodevm-build.log" 2>&1; then
+	setsid "$src/build.sh" "$tmp" >"$cache/nodevm-build.log" 2>&1 &
+	bpid=$!
+	rc=0
+	wait "$bpid" || rc=$?
+	bpid=
+	if [ "$rc" != 0 ]; then
 		tail -n 30 "$cache/nodevm-build.log" >&2
-		rm -rf "$tmp"
 		die "image build failed (log: $cache/nodevm-build.log)"
 	fi
 	build_ms=$(( $(now_ms) - t0 ))
@@ -268,17 +310,19 @@ ensure_image() {
 	result "$share" || rc=$?
 	cat "$share/out/run.log" >&2 2>/dev/null || true
 	if [ "$rc" != 0 ]; then
+		rm -rf "$cache/nodevm-failed-check"
 		mv "$share" "$cache/nodevm-failed-check"
-		rm -rf "$tmp"
-		die "the new image failed its smoke check (kept in $cache/nodevm-failed-check)"
+		die "the new image failed its smoke check (its output: $cache/nodevm-failed-check/out)"
 	fi
 	printf 'build_s=%s\ncheck_boot_s=%s\naccel=%s\n' "$(fmt_s "$build_ms")" \
 		"$(fmt_s "$boot_ms")" "$accel" > "$tmp/build.times"
 	mv "$share/out/run.log" "$tmp/check.log"
 	rm -rf "$share"
 	mv -T "$tmp" "$imgdir"
+	btmp=
 	exec 9>&-
 	log "image ready in $(fmt_s $(( $(now_ms) - t0 ))) s: $imgdir"
+	prune
 }
 
 cmd=${1:-}
@@ -327,13 +371,7 @@ shell)
 		-serial chardev:con -mon chardev=con,mode=readline
 	;;
 prune)
-	key=$(image_key)
-	for d in "$cache"/nodevm-*/; do
-		d=${d%/}
-		case $d in "$cache/nodevm-$key") continue ;; esac
-		log "removing $d"
-		rm -rf "$d"
-	done
+	prune
 	;;
 *)
 	sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//' >&2

@@ -46,4 +46,4 @@ cp "$here/packages" "$out/packages"
 
 truncate -s "$size" "$out/rootfs.img"
 mkfs.ext4 -q -F -L crisp-node -d "$tree" "$out/rootfs.img"
-rm -rf "$tree"
+rm -rf --one-file-system "$tree"
