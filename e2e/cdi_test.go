@@ -75,7 +75,13 @@ func newCDIEnv(t *testing.T) *cdiEnv {
 // mustExec runs cmd in the container and returns its stdout; a non-zero exit fails.
 func (e *env) mustExec(ctx context.Context, t *testing.T, id string, cmd ...string) string {
 	t.Helper()
-	resp, err := e.execSync(ctx, id, 10, cmd...)
+	return e.mustExecWithin(ctx, t, id, 10, cmd...)
+}
+
+// mustExecWithin is mustExec with the ExecSync timeout in seconds.
+func (e *env) mustExecWithin(ctx context.Context, t *testing.T, id string, timeout int64, cmd ...string) string {
+	t.Helper()
+	resp, err := e.execSync(ctx, id, timeout, cmd...)
 	if err != nil {
 		t.Fatalf("exec %q: %v", cmd, err)
 	}

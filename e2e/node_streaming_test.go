@@ -145,14 +145,7 @@ func waitTrue(t *testing.T, within time.Duration, what string, cond func() (bool
 // call or a non-zero exit fails the test.
 func (e *env) tracedExec(ctx context.Context, t *testing.T, id string, cmd ...string) string {
 	t.Helper()
-	resp, err := e.execSync(ctx, id, int64(nodeWithin/time.Second), cmd...)
-	if err != nil {
-		t.Fatalf("ExecSync %q: %v", cmd, err)
-	}
-	if resp.ExitCode != 0 {
-		t.Fatalf("ExecSync %q: exit %d, stdout %q, stderr %q", cmd, resp.ExitCode, resp.Stdout, resp.Stderr)
-	}
-	return string(resp.Stdout)
+	return e.mustExecWithin(ctx, t, id, int64(nodeWithin/time.Second), cmd...)
 }
 
 // TestNodeStreaming: in one pod of kubelet's slices, with one container that serves
