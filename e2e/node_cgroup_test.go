@@ -37,6 +37,7 @@ func TestNodeCgroupResources(t *testing.T) {
 		Unified: map[string]string{"memory.high": "62914560"},
 	}
 	hugetlb := hasController(t, kp.cgroup, "hugetlb")
+	t.Logf("hugetlb controller in the pod cgroup: %v", hugetlb)
 	if hugetlb {
 		cfg.Linux.Resources.HugepageLimits = []*cri.HugepageLimit{{PageSize: "2MB", Limit: 4 << 20}}
 	}
