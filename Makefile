@@ -83,10 +83,12 @@ containerd:
 run: deps build
 	PATH="$(CURDIR)/$(BINDIR):$$PATH" $(BINDIR)/criserver
 
-# test runs the unit tests and the end-to-end tests (the latter need root).
+# test runs the unit tests and the end-to-end tests (the latter need root), then the
+# node tests in the node VM (test-node below). SKIP_NODE=1 leaves the VM out.
 test: deps criu containerd
 	CGO_ENABLED=1 $(GO) vet -tags '$(TAGS)' ./...
 	CGO_ENABLED=1 $(GO) test -tags '$(TAGS)' -count=1 -p 1 -timeout 20m ./...
+	@if [ -z "$(SKIP_NODE)" ]; then $(MAKE) --no-print-directory test-node; fi
 
 # test-node runs the node tests (NODE_RUN of NODE_PKG: e2e's TestNode*) on a real node
 # (root; hack/nodevm.sh): a Debian 12 qemu guest from Debian's packages with systemd as
@@ -104,7 +106,11 @@ NODE_TEST_TIMEOUT ?= 25m
 NODE_PKG          ?= ./e2e
 NODE_RUN          ?= ^TestNode
 NODE_PARALLEL     ?= 1
+NODE_DEPS         := qemu-system-x86 qemu-utils mmdebstrap
 test-node:
+	@if ! dpkg -s $(NODE_DEPS) >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(NODE_DEPS); \
+	fi
 	rm -rf $(NODE_DIR)/deb $(NODE_DIR)/node.test
 	$(MAKE) --no-print-directory deb BINDIR=$(NODE_DIR)/bin DEBDIR=$(NODE_DIR)/deb
 	CGO_ENABLED=1 $(GO) test -c -tags '$(TAGS) node' -o $(NODE_DIR)/node.test $(NODE_PKG)
