@@ -1,3 +1,5 @@
+//lint:file-ignore SA1019 the deprecated apparmor_profile string is still honoured and tested.
+
 package e2e
 
 import (

@@ -44,6 +44,7 @@ func apparmorRequest(sc *runtime.LinuxContainerSecurityContext) (kind runtime.Se
 			return 0, "", false, invalidf("unknown apparmor profile type %d", sp.GetProfileType())
 		}
 	}
+	//lint:ignore SA1019 kubelet still sends the deprecated string next to the field, and containerd honours it.
 	switch p := sc.GetApparmorProfile(); {
 	case p == "":
 		return runtime.SecurityProfile_RuntimeDefault, "", true, nil
