@@ -30,8 +30,8 @@ import (
 // while the parent's counter rose, with the container's own counter gone, was killed
 // by the OOM killer (checkExit).
 type oomWatch struct {
-	file   string // memory.oom_control (v1) or memory.events (v2)
-	base   uint64 // the counter when the container started
+	file string // memory.oom_control (v1) or memory.events (v2)
+	base uint64 // the counter when the container started
 	// parent is the parent cgroup's memory.events (v2; "" when unreadable) and
 	// parentBase its counter when the container started.
 	parent     string
