@@ -275,14 +275,19 @@ func (s *Stream) record(out []byte, now time.Time, tag byte, a, b []byte) []byte
 	return append(out, '\n')
 }
 
-// Flush writes a pending incomplete line as a full record: the stream has ended, so the
-// line is as complete as it will get.
+// Flush writes a pending incomplete line as a partial record. kubelet's reader ends a
+// full record's text with a newline and a partial one's without (containerd's logger
+// writes an unterminated last line as partial for the same reason), so the log holds
+// exactly what the container wrote: `printf DONE` reads back as "DONE", not "DONE\n",
+// which is what kubelet's termination message from logs must be. A line the writer
+// stops in the middle of (criserver's copier shutting down, a restart) also stays
+// whole: whatever continues it later is appended by the reader without a break.
 func (s *Stream) Flush() error {
 	if len(s.pending) == 0 {
 		return nil
 	}
 	bp := outPool.Get().(*[]byte)
-	out := s.record((*bp)[:0], s.w.now(), tagFull, s.pending, nil)
+	out := s.record((*bp)[:0], s.w.now(), tagPartial, s.pending, nil)
 	s.resetPending()
 	err := s.w.write(out)
 	*bp = out[:0]

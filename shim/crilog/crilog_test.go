@@ -126,8 +126,8 @@ func TestSplitting(t *testing.T) {
 		{"chunked line", []string{"01", "234", "56789", "\n"}, "stdout P 01234567|stdout F 89|"},
 		{"newline in next chunk", []string{"01234567", "\nx\n"}, "stdout F 01234567|stdout F x|"},
 		{"cr split from lf", []string{"ab\r", "\n"}, "stdout F ab|"},
-		{"partial at end", []string{"a\nbc"}, "stdout F a|stdout F bc|"},
-		{"long partial at end", []string{"0123456789"}, "stdout P 01234567|stdout F 89|"},
+		{"partial at end", []string{"a\nbc"}, "stdout F a|stdout P bc|"},
+		{"long partial at end", []string{"0123456789"}, "stdout P 01234567|stdout P 89|"},
 		{"empty lines", []string{"\n\n"}, "stdout F |stdout F |"},
 	}
 	for _, tt := range tests {

@@ -39,7 +39,7 @@ func TestTaskLogsAndExitCode(t *testing.T) {
 	for _, r := range readLog(t, c.logPath) {
 		got[r.stream+" "+r.tag+" "+r.text] = true
 	}
-	for _, want := range []string{"stdout F out", "stderr F err", "stdout F no newline"} {
+	for _, want := range []string{"stdout F out", "stderr F err", "stdout P no newline"} {
 		if !got[want] {
 			t.Errorf("log lacks %q; has %v", want, got)
 		}
