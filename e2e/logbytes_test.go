@@ -63,9 +63,15 @@ func TestE2ELogBytes(t *testing.T) {
 	pod := e.podConfig("logbytes")
 	podID := e.runPod(ctx, pod)
 	e.checkLogBytes(ctx, t, podID, pod, img)
+	// ExecSync's output is the bytes as written: no CR dropped, no newline added.
+	sleeper := e.runCtr(ctx, podID, pod, ctrConfig("sleeper", img, "sleep", "3600"))
+	resp, err := e.execSync(ctx, sleeper, 10, "sh", "-c", `printf 'a\r\nb'; printf 'e\r' >&2`)
+	if err != nil || string(resp.Stdout) != "a\r\nb" || string(resp.Stderr) != "e\r" {
+		t.Errorf("ExecSync output %q %q (%v), want %q %q", resp.GetStdout(), resp.GetStderr(), err, "a\r\nb", "e\r")
+	}
 	e.stopRemove(ctx, t, podID)
-	if logs, _ := filepath.Glob(filepath.Join(pod.LogDirectory, "*.log")); len(logs) != len(logCases) {
-		t.Errorf("%d log files, want %d", len(logs), len(logCases))
+	if logs, _ := filepath.Glob(filepath.Join(pod.LogDirectory, "*.log")); len(logs) != len(logCases)+1 {
+		t.Errorf("%d log files, want %d", len(logs), len(logCases)+1)
 	}
 }
 

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"k8s.io/cri-client/pkg/logs"
+
+	"github.com/crisp-runtime/crisp/fulldisk"
 )
 
 // kubeletReads is what kubelet's CRI log reader (the one behind kubectl logs, crictl
@@ -128,5 +130,44 @@ func TestKubeletReadsStreamsApart(t *testing.T) {
 	out, errOut := kubeletReads(t, path)
 	if out != "out line\nlast" || errOut != "err\nmore tail" {
 		t.Errorf("stdout %q stderr %q", out, errOut)
+	}
+}
+
+// TestKubeletReadsAfterFullDisk: records lost to a full disk are lost whole, and the
+// line being written when space comes back ends as written: the unterminated piece
+// the stream held through the full disk is a partial record, read back without a
+// newline.
+func TestKubeletReadsAfterFullDisk(t *testing.T) {
+	dir := fulldisk.New(t, "size=64k")
+	path := filepath.Join(dir, "c.log")
+	w, err := Open(path, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := w.Stream(Stdout)
+	// Fill the disk with another file, then write a full line (lost) and the start of
+	// the next (held).
+	filler := filepath.Join(dir, "filler")
+	if err := os.WriteFile(filler, bytes.Repeat([]byte{'x'}, 128<<10), 0o644); err == nil {
+		t.Fatal("128 KiB of filler fit a 64 KiB tmpfs")
+	}
+	if _, err := st.Write([]byte("lost\nDO")); err == nil {
+		t.Fatal("a write on a full disk succeeded")
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Write([]byte("NE")); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_ = w.Close()
+	if out, _ := kubeletReads(t, path); out != "DONE" {
+		t.Errorf("kubelet reads %q, want %q", out, "DONE")
+	}
+	if r, _ := w.Dropped(); r != 1 {
+		t.Errorf("%d records dropped, want the one full line", r)
 	}
 }
