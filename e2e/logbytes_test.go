@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/cri-client/pkg/logs"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+	"k8s.io/cri-client/pkg/logs"
 )
 
 // logCases are container outputs and what kubelet's log reader must give back for
