@@ -22,8 +22,8 @@ import (
 
 	options "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/api/shimapi"
+	"github.com/crisp-runtime/crisp/crilog"
 	"github.com/crisp-runtime/crisp/mount"
-	"github.com/crisp-runtime/crisp/shim/crilog"
 )
 
 // Type URLs containerd's typeurl gives OCI types, so any task-API shim understands ours.

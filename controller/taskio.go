@@ -13,8 +13,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/crisp-runtime/crisp/crilog"
 	"github.com/crisp-runtime/crisp/fifoio"
-	"github.com/crisp-runtime/crisp/shim/crilog"
 )
 
 // A task-only shim copies a container's output to the FIFOs it is given and knows

@@ -7,8 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/crisp-runtime/crisp/crilog"
 	"github.com/crisp-runtime/crisp/fifoio"
-	"github.com/crisp-runtime/crisp/shim/crilog"
 	"golang.org/x/sys/unix"
 )
 

@@ -20,7 +20,7 @@ import (
 	taskapi "github.com/crisp-runtime/crisp/api/containerd/types/task"
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/api/shimapi"
-	"github.com/crisp-runtime/crisp/shim/crilog"
+	"github.com/crisp-runtime/crisp/crilog"
 	"github.com/crisp-runtime/crisp/shim/events"
 	"github.com/crisp-runtime/crisp/shim/reaper"
 	"github.com/crisp-runtime/crisp/version"

@@ -11,8 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/crisp-runtime/crisp/crilog"
 	"github.com/crisp-runtime/crisp/fifoio"
-	"github.com/crisp-runtime/crisp/shim/crilog"
 	"golang.org/x/sys/unix"
 )
 
