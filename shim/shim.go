@@ -79,17 +79,23 @@ func WriteVersion(w io.Writer) error {
 	return err
 }
 
-// Info prints the protobuf RuntimeInfo that containerd asks for with -info. Runtime
-// options arriving on stdin are read and ignored: the shim has none yet.
+// Info prints the protobuf RuntimeInfo that containerd asks for with -info, with the
+// shim's OCI features (Features). Runtime options arriving on stdin are read and
+// ignored: the shim has none yet.
 func Info(stdin io.Reader, stdout io.Writer) error {
 	if f, ok := stdin.(*os.File); !ok || !isTerminal(f) {
 		if _, err := io.Copy(io.Discard, io.LimitReader(stdin, maxStdin)); err != nil {
 			return fmt.Errorf("read runtime options: %w", err)
 		}
 	}
+	feat, err := featuresAny()
+	if err != nil {
+		return err
+	}
 	data, err := proto.Marshal(&types.RuntimeInfo{
-		Name:    RuntimeName,
-		Version: &types.RuntimeVersion{Version: version.Version},
+		Name:     RuntimeName,
+		Version:  &types.RuntimeVersion{Version: version.Version},
+		Features: feat,
 	})
 	if err != nil {
 		return fmt.Errorf("encode runtime info: %w", err)

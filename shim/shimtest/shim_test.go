@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -22,6 +24,7 @@ import (
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/shim/sandbox"
 	"github.com/crisp-runtime/crisp/version"
+	"github.com/opencontainers/runtime-spec/specs-go/features"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -549,6 +552,20 @@ func TestInfoAndVersion(t *testing.T) {
 	}
 	if info.GetName() != "crisp-shim-runc" || info.GetVersion().GetVersion() != version.Version {
 		t.Errorf("info = %v", &info)
+	}
+	// The OCI features document, under the type URL containerd registers for it.
+	if got, want := info.GetFeatures().GetTypeUrl(), "types.containerd.io/opencontainers/runtime-spec/1/features/Features"; got != want {
+		t.Errorf("features type %q, want %q", got, want)
+	}
+	var feat features.Features
+	if err := json.Unmarshal(info.GetFeatures().GetValue(), &feat); err != nil {
+		t.Fatalf("features: %v", err)
+	}
+	if !slices.Contains(feat.MountOptions, "rro") || !slices.Contains(feat.Linux.Namespaces, "user") || feat.Linux.Seccomp == nil || !*feat.Linux.Seccomp.Enabled {
+		t.Errorf("features lack rro, the user namespace or seccomp: %+v", feat)
+	}
+	if idmap := feat.Linux.MountExtensions.IDMap; idmap == nil || idmap.Enabled == nil || *idmap.Enabled {
+		t.Errorf("features claim idmap mounts: %+v", idmap)
 	}
 	for _, flag := range []string{"-v", "-version", "--version"} {
 		out, err := exec.Command(shimBin, flag).Output()

@@ -1,0 +1,66 @@
+package shim
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+
+	"github.com/opencontainers/runc/libcontainer/capabilities"
+	"github.com/opencontainers/runc/libcontainer/configs"
+	"github.com/opencontainers/runc/libcontainer/seccomp"
+	"github.com/opencontainers/runc/libcontainer/specconv"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/opencontainers/runtime-spec/specs-go/features"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+// featuresTypeURL is the type URL containerd registers for the OCI features document
+// (core/runtime/typeurl.go); its value is the document as JSON.
+var featuresTypeURL = "types.containerd.io/opencontainers/runtime-spec/" + strconv.Itoa(specs.VersionMajor) + "/features/Features"
+
+// Features is what the shim can run, as an OCI runtime features document: the one
+// `runc features` prints, made from the same libcontainer the shim runs containers
+// with. containerd 2.x reads it from -info to decide a handler's CRI features: the
+// "rro" mount option gives recursive read-only mounts. ID-mapped mounts are not
+// claimed: crisp's shim idmaps what crisp's own controller asks for, but containerd's
+// user-namespace flow through the shim is not yet tested, and claiming it would make
+// kubelet send such pods here.
+func Features() *features.Features {
+	t, f := true, false
+	feat := &features.Features{
+		OCIVersionMin: "1.0.0",
+		OCIVersionMax: specs.Version,
+		Hooks:         configs.KnownHookNames(),
+		MountOptions:  specconv.KnownMountOptions(),
+		Linux: &features.Linux{
+			Namespaces:   specconv.KnownNamespaces(),
+			Capabilities: capabilities.KnownCapabilities(),
+			Cgroup:       &features.Cgroup{V1: &t, V2: &t, Systemd: &t},
+			Apparmor:     &features.Apparmor{Enabled: &t},
+			Selinux:      &features.Selinux{Enabled: &f},
+			MountExtensions: &features.MountExtensions{
+				IDMap: &features.IDMap{Enabled: &f},
+			},
+		},
+	}
+	if seccomp.Enabled {
+		feat.Linux.Seccomp = &features.Seccomp{
+			Enabled:        &t,
+			Actions:        seccomp.KnownActions(),
+			Operators:      seccomp.KnownOperators(),
+			Archs:          seccomp.KnownArchs(),
+			KnownFlags:     seccomp.KnownFlags(),
+			SupportedFlags: seccomp.SupportedFlags(),
+		}
+	}
+	return feat
+}
+
+// featuresAny is Features as the Any containerd unmarshals.
+func featuresAny() (*anypb.Any, error) {
+	data, err := json.Marshal(Features())
+	if err != nil {
+		return nil, fmt.Errorf("encode runtime features: %w", err)
+	}
+	return &anypb.Any{TypeUrl: featuresTypeURL, Value: data}, nil
+}
