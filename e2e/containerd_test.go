@@ -71,6 +71,8 @@ type ctrd struct {
 	ipam    string
 	cgroup  string
 	pathEnv string
+	// binary and cfgPath are what start ran, for restart.
+	binary, cfgPath string
 
 	cmd  *exec.Cmd
 	done chan struct{}
@@ -243,6 +245,7 @@ func (c *ctrd) start(binary, cfgPath string) {
 		t.Fatal(err)
 	}
 	defer logf.Close()
+	c.binary, c.cfgPath = binary, cfgPath
 	cmd := exec.Command(binary, "--config", cfgPath)
 	cmd.Env = append(os.Environ(), "PATH="+c.pathEnv)
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -657,6 +660,7 @@ func TestE2EContainerd(t *testing.T) {
 		t.Run(h, func(t *testing.T) { c.lifecycle(t, h) })
 	}
 	t.Run("features", func(t *testing.T) { c.features(t) })
+	t.Run("restart", func(t *testing.T) { c.restarts(t) })
 	t.Run("podstart", func(t *testing.T) {
 		before := c.leftovers()
 		p50 := map[string]time.Duration{}
@@ -741,6 +745,87 @@ func (c *ctrd) features(t *testing.T) {
 			t.Errorf("%s: RemovePodSandbox: %v", h, err)
 		}
 	}
+}
+
+// restart stops containerd with sig and starts it again on the same config.
+func (c *ctrd) restart(sig syscall.Signal) {
+	c.t.Helper()
+	if c.conn != nil {
+		c.conn.Close()
+		c.conn = nil
+	}
+	_ = c.cmd.Process.Signal(sig)
+	select {
+	case <-c.done:
+	case <-time.After(30 * time.Second):
+		c.t.Fatalf("containerd did not exit within 30 s of %v", sig)
+	}
+	c.start(c.binary, c.cfgPath)
+}
+
+// restarts: pods on every handler keep running across a SIGTERM and a SIGKILL of
+// containerd, and are found again with their containers (same pids, exec works).
+func (c *ctrd) restarts(t *testing.T) {
+	ctx := ctxT(t)
+	before := c.leftovers()
+	type running struct{ pod, ctr, handler string }
+	var pods []running
+	for _, h := range ctrdHandlers {
+		pod := c.podConfig("restart-" + h)
+		resp, err := c.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: pod, RuntimeHandler: h})
+		if err != nil {
+			t.Fatalf("%s: RunPodSandbox: %v", h, err)
+		}
+		id, err := c.createStart(ctx, resp.PodSandboxId, pod, c.ctrConfig("sleeper", "sleep", "3600"))
+		if err != nil {
+			t.Fatalf("%s: %v", h, err)
+		}
+		pods = append(pods, running{resp.PodSandboxId, id, h})
+	}
+	pid := func(id string) float64 {
+		resp, err := c.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: id, Verbose: true})
+		if err != nil {
+			t.Fatalf("ContainerStatus %s: %v", id, err)
+		}
+		var info map[string]any
+		if err := json.Unmarshal([]byte(resp.GetInfo()["info"]), &info); err != nil {
+			t.Fatalf("verbose info of %s: %v", id, err)
+		}
+		p, _ := info["pid"].(float64)
+		if resp.GetStatus().GetState() != cri.ContainerState_CONTAINER_RUNNING || p == 0 {
+			t.Errorf("container %s is %v with pid %v", id, resp.GetStatus().GetState(), info["pid"])
+		}
+		return p
+	}
+	pids := map[string]float64{}
+	for _, p := range pods {
+		pids[p.ctr] = pid(p.ctr)
+	}
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+		c.restart(sig)
+		for _, p := range pods {
+			ps, err := c.rt.PodSandboxStatus(ctx, &cri.PodSandboxStatusRequest{PodSandboxId: p.pod})
+			if err != nil || ps.GetStatus().GetState() != cri.PodSandboxState_SANDBOX_READY {
+				t.Errorf("%s after %v: pod %v %v", p.handler, sig, ps.GetStatus().GetState(), err)
+			}
+			if got := pid(p.ctr); got != pids[p.ctr] {
+				t.Errorf("%s after %v: container pid %v, was %v", p.handler, sig, got, pids[p.ctr])
+			}
+			ex, err := c.rt.ExecSync(ctx, &cri.ExecSyncRequest{ContainerId: p.ctr, Cmd: []string{"echo", "alive"}, Timeout: 10})
+			if err != nil || string(ex.GetStdout()) != "alive\n" {
+				t.Errorf("%s after %v: exec %q %v", p.handler, sig, ex.GetStdout(), err)
+			}
+		}
+	}
+	for _, p := range pods {
+		if _, err := c.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: p.pod}); err != nil {
+			t.Errorf("%s: StopPodSandbox: %v", p.handler, err)
+		}
+		if _, err := c.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: p.pod}); err != nil {
+			t.Errorf("%s: RemovePodSandbox: %v", p.handler, err)
+		}
+	}
+	c.assertClean(t, 20*time.Second, before)
 }
 
 // lifecycle runs one pod through every CRI verb crictl uses on it.

@@ -99,11 +99,12 @@ func Serve(ctx context.Context, f Flags, log *slog.Logger) error {
 		}
 	}()
 	tasks, err := task.New(task.Config{
-		SandboxID: f.ID,
-		StateRoot: filepath.Join(bundle, TaskStateDir),
-		Logger:    log,
-		Reaper:    r,
-		Events:    pub,
+		SandboxID:  f.ID,
+		SandboxPid: svc.PausePid,
+		StateRoot:  filepath.Join(bundle, TaskStateDir),
+		Logger:     log,
+		Reaper:     r,
+		Events:     pub,
 		OnIdleShutdown: func() {
 			if !svc.Created() {
 				log.Info("task Shutdown with no task left and no sandbox: exiting")

@@ -515,6 +515,16 @@ func Cleanup(ctx context.Context, dir string, log *slog.Logger) (Exit, error) {
 	return Exit{Pid: uint32(st.PausePid), Status: *st.ExitStatus, ExitedAt: *st.ExitedAt}, errors.Join(errs...)
 }
 
+// PausePid is the pod's pause process, once StartSandbox has started it.
+func (s *Service) PausePid() (int, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sb == nil || s.sb.pause == nil {
+		return 0, false
+	}
+	return s.sb.pause.Pid(), true
+}
+
 // Created tells whether CreateSandbox made a sandbox on this shim.
 func (s *Service) Created() bool {
 	s.mu.Lock()

@@ -65,6 +65,11 @@ type Config struct {
 	// Helper is the binary run as the task helper (HelperArg); "" is the running
 	// binary itself, which the shim is.
 	Helper string
+	// SandboxPid is the pause process of the sandbox this shim serves (false before
+	// StartSandbox, or with no sandbox); nil is none. Connect answers for the sandbox's
+	// id with it: containerd 2.x reconnects to a sandbox shim after its own restart by
+	// a task Connect on the sandbox id, and takes NotFound for a dead shim.
+	SandboxPid func() (int, bool)
 	// OnIdleShutdown is called by a task Shutdown that finds no container left. The
 	// shim exits then unless it serves a sandbox (CreateSandbox): under containerd's
 	// podsandbox, and with task-only callers, the shim's life is its tasks', as with
@@ -76,12 +81,14 @@ type Config struct {
 // crisp.shim.v1.Shim) for the containers of one pod.
 type Service struct {
 	sandboxID string
-	root      string
-	log       *slog.Logger
-	reaper    Reaper
-	events    *events.Publisher
-	onIdle    func()
-	helper    string
+	// sandboxPid is Config.SandboxPid.
+	sandboxPid func() (int, bool)
+	root       string
+	log        *slog.Logger
+	reaper     Reaper
+	events     *events.Publisher
+	onIdle     func()
+	helper     string
 
 	mu         sync.Mutex
 	containers map[string]*container
@@ -122,6 +129,7 @@ func New(cfg Config) (*Service, error) {
 	return &Service{
 		helper:     helper,
 		sandboxID:  cfg.SandboxID,
+		sandboxPid: cfg.SandboxPid,
 		root:       cfg.StateRoot,
 		log:        log,
 		reaper:     cfg.Reaper,
@@ -878,6 +886,11 @@ func (s *Service) Update(ctx context.Context, req *taskv3.UpdateTaskRequest) (*e
 func (s *Service) Connect(ctx context.Context, req *taskv3.ConnectRequest) (*taskv3.ConnectResponse, error) {
 	c, err := s.get(req.GetID())
 	if err != nil {
+		if req.GetID() == s.sandboxID && s.sandboxPid != nil {
+			if pid, ok := s.sandboxPid(); ok {
+				return &taskv3.ConnectResponse{ShimPid: uint32(os.Getpid()), TaskPid: uint32(pid), Version: version.Version}, nil
+			}
+		}
 		return nil, err
 	}
 	pid, _ := c.init.started()
