@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -711,15 +710,7 @@ func (c *ctrd) features(t *testing.T) {
 			t.Errorf("containerd: handler %s offers user namespaces, which crisp's shim does not claim", h)
 		}
 	}
-	vol := filepath.Join(c.dir, "rrovol")
-	sub := filepath.Join(vol, "sub")
-	if err := os.MkdirAll(sub, 0o777); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mount("tmpfs", sub, "tmpfs", 0, "size=1m,mode=0777"); err != nil {
-		t.Fatalf("mount tmpfs submount: %v", err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(sub, unix.MNT_DETACH) })
+	vol, sub := rroVolume(t, c.dir)
 	for _, h := range []string{"crisp-pod", "crisp-shim"} {
 		pod := c.podConfig("rro-" + h)
 		resp, err := c.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: pod, RuntimeHandler: h})

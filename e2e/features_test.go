@@ -17,6 +17,26 @@ import (
 	"github.com/crisp-runtime/crisp/image/imagetest"
 )
 
+// rroVolume makes dir/rrovol, a host tree with a writable tmpfs submount at sub,
+// unmounted when the test ends.
+func rroVolume(t *testing.T, dir string) (vol, sub string) {
+	t.Helper()
+	vol = filepath.Join(dir, "rrovol")
+	sub = filepath.Join(vol, "sub")
+	if err := os.MkdirAll(sub, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", sub, "tmpfs", 0, "size=1m,mode=0777"); err != nil {
+		t.Fatalf("mount tmpfs submount: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(sub, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", sub, err)
+		}
+	})
+	return vol, sub
+}
+
 // TestE2ERecursiveReadOnlyAndFeatures: Status advertises recursive read-only mounts
 // for every handler and the supplemental groups policy; a recursive read-only mount
 // of a host tree with a submount makes the submount read-only in the container, while
@@ -49,20 +69,7 @@ func TestE2ERecursiveReadOnlyAndFeatures(t *testing.T) {
 		t.Errorf("runtime handlers %q, want runc and the default (\"\")", names)
 	}
 
-	// A host tree with a tmpfs submount.
-	vol := filepath.Join(e.dir, "rrovol")
-	sub := filepath.Join(vol, "sub")
-	if err := os.MkdirAll(sub, 0o777); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mount("tmpfs", sub, "tmpfs", 0, "size=1m,mode=0777"); err != nil {
-		t.Fatalf("mount tmpfs submount: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := unix.Unmount(sub, unix.MNT_DETACH); err != nil {
-			t.Errorf("unmount %s: %v", sub, err)
-		}
-	})
+	vol, sub := rroVolume(t, e.dir)
 
 	// An image whose /etc/group puts user app in group extra.
 	host := imagetest.StartRegistry(t)
