@@ -35,19 +35,27 @@ const containerdVersion = "2.4.2"
 // shim as the baseline.
 var ctrdHandlers = []string{"crisp-pod", "crisp-shim", "runc"}
 
+// cachedBinDir is the bin dir of a hack/ script's cache (the env variable overrides
+// def), skipping the test, saying which script builds them, when a binary is missing.
+func cachedBinDir(t *testing.T, env, def, script string, names ...string) string {
+	t.Helper()
+	cache := os.Getenv(env)
+	if cache == "" {
+		cache = def
+	}
+	bin := filepath.Join(cache, "bin")
+	for _, name := range names {
+		if _, err := os.Stat(filepath.Join(bin, name)); err != nil {
+			t.Skipf("%s is not built (%v): %s builds it (make test and .ci/run do)", name, err, script)
+		}
+	}
+	return bin
+}
+
 // containerdBinDir is where hack/containerd.sh caches containerd and its runc shim.
 func containerdBinDir(t *testing.T) string {
 	t.Helper()
-	cache := os.Getenv("CONTAINERD_CACHE")
-	if cache == "" {
-		cache = "/var/cache/crisp/containerd-v" + containerdVersion
-	}
-	bin := filepath.Join(cache, "bin")
-	for _, name := range []string{"containerd", "containerd-shim-runc-v2"} {
-		if _, err := os.Stat(filepath.Join(bin, name)); err != nil {
-			t.Skipf("containerd %s is not built (%v): hack/containerd.sh builds it (make test and .ci/run do)", containerdVersion, err)
-		}
-	}
+	bin := cachedBinDir(t, "CONTAINERD_CACHE", "/var/cache/crisp/containerd-v"+containerdVersion, "hack/containerd.sh", "containerd", "containerd-shim-runc-v2")
 	if _, err := exec.LookPath("runc"); err != nil {
 		t.Skip("containerd's runc shim needs a runc binary: apt-get install runc (hack/containerd.sh does)")
 	}

@@ -18,17 +18,7 @@ const gvisorVersion = "v0.0.0-20260905035102-160fafc42237"
 // test skips, saying how to build them, when they are not there.
 func gvisorBinDir(t *testing.T) string {
 	t.Helper()
-	cache := os.Getenv("GVISOR_CACHE")
-	if cache == "" {
-		cache = "/var/cache/crisp/gvisor-" + gvisorVersion
-	}
-	bin := filepath.Join(cache, "bin")
-	for _, b := range []string{"runsc", "containerd-shim-runsc-v1"} {
-		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
-			t.Skipf("gVisor is not built (%v): hack/gvisor.sh builds it (make test and .ci/run do)", err)
-		}
-	}
-	return bin
+	return cachedBinDir(t, "GVISOR_CACHE", "/var/cache/crisp/gvisor-"+gvisorVersion, "hack/gvisor.sh", "runsc", "containerd-shim-runsc-v1")
 }
 
 // TestE2EGVisor: gVisor's shim as a task-only runtime handler (runsc on its systrap
