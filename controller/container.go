@@ -5,10 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
-	"slices"
 	"syscall"
 	"time"
 
@@ -255,7 +253,8 @@ func (c *Controller) DeleteContainer(ctx context.Context, sandboxID, id string) 
 	return nil
 }
 
-// UpdateContainer applies new resources to a running container.
+// UpdateContainer applies new resources to a running container. res is all of the
+// resources the CRI sets (cri merges an update into what the container had).
 func (c *Controller) UpdateContainer(ctx context.Context, sandboxID, id string, res *specs.LinuxResources) error {
 	tc, _, err := c.task(sandboxID)
 	if err != nil {
@@ -277,9 +276,8 @@ func (c *Controller) UpdateContainer(ctx context.Context, sandboxID, id string, 
 	return nil
 }
 
-// updateSpecResources applies an update's resources to the spec file at path the way
-// the shim applies them to the cgroup (`runc update`): only what res sets changes;
-// devices and everything else in the spec are kept.
+// updateSpecResources puts res, the CRI's part of a container's resources, into the
+// spec file at path; the device rules, which no update changes, stay.
 func updateSpecResources(path string, res *specs.LinuxResources) error {
 	raw, err := os.ReadFile(path)
 	if err != nil {
@@ -292,10 +290,12 @@ func updateSpecResources(path string, res *specs.LinuxResources) error {
 	if s.Linux == nil {
 		s.Linux = &specs.Linux{}
 	}
-	if s.Linux.Resources == nil {
-		s.Linux.Resources = &specs.LinuxResources{}
+	r := s.Linux.Resources
+	if r == nil {
+		r = &specs.LinuxResources{}
+		s.Linux.Resources = r
 	}
-	mergeSpecResources(s.Linux.Resources, res)
+	r.CPU, r.Memory, r.HugepageLimits, r.Unified = res.CPU, res.Memory, res.HugepageLimits, res.Unified
 	if raw, err = json.Marshal(&s); err != nil {
 		return fmt.Errorf("encode %s: %w", path, err)
 	}
@@ -304,61 +304,6 @@ func updateSpecResources(path string, res *specs.LinuxResources) error {
 		return err
 	}
 	return os.Rename(tmp, path)
-}
-
-// mergeSpecResources sets in dst what upd sets.
-func mergeSpecResources(dst, upd *specs.LinuxResources) {
-	if m := upd.Memory; m != nil {
-		if dst.Memory == nil {
-			dst.Memory = &specs.LinuxMemory{}
-		}
-		if m.Limit != nil {
-			dst.Memory.Limit = m.Limit
-		}
-		if m.Swap != nil {
-			dst.Memory.Swap = m.Swap
-		}
-		if m.Reservation != nil {
-			dst.Memory.Reservation = m.Reservation
-		}
-	}
-	if c := upd.CPU; c != nil {
-		if dst.CPU == nil {
-			dst.CPU = &specs.LinuxCPU{}
-		}
-		if c.Shares != nil {
-			dst.CPU.Shares = c.Shares
-		}
-		if c.Quota != nil {
-			dst.CPU.Quota = c.Quota
-		}
-		if c.Period != nil {
-			dst.CPU.Period = c.Period
-		}
-		if c.Cpus != "" {
-			dst.CPU.Cpus = c.Cpus
-		}
-		if c.Mems != "" {
-			dst.CPU.Mems = c.Mems
-		}
-	}
-	if upd.Pids != nil {
-		dst.Pids = upd.Pids
-	}
-	for _, h := range upd.HugepageLimits {
-		i := slices.IndexFunc(dst.HugepageLimits, func(o specs.LinuxHugepageLimit) bool { return o.Pagesize == h.Pagesize })
-		if i >= 0 {
-			dst.HugepageLimits[i] = h
-		} else {
-			dst.HugepageLimits = append(dst.HugepageLimits, h)
-		}
-	}
-	if len(upd.Unified) > 0 {
-		if dst.Unified == nil {
-			dst.Unified = map[string]string{}
-		}
-		maps.Copy(dst.Unified, upd.Unified)
-	}
 }
 
 // ExecSpec is one process to run in a container.

@@ -787,16 +787,22 @@ func (s *Service) UpdateContainerResources(ctx context.Context, req *runtime.Upd
 	if rec.State != stateRunning && rec.State != stateCreated {
 		return nil, toStatus(fmt.Errorf("container %s is %s: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition))
 	}
-	res, err := spec.UpdateResources(req.GetLinux())
+	// The request is checked on its own, so that an error names what it sent.
+	if _, err := spec.UpdateResources(req.GetLinux()); err != nil {
+		return nil, toStatus(err)
+	}
+	// What the container runs with after it: the update merged into what it had, as
+	// containerd merges it into the spec. The shim, the bundle's spec and
+	// ContainerStatus all get that whole, so none of them loses what the update left.
+	merged := spec.MergeResources(currentResources(rec, c.config), req.GetLinux())
+	res, err := spec.UpdateResources(merged)
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	if err := s.ctrl.UpdateContainer(ctx, rec.PodID, rec.ID, res); err != nil {
 		return nil, toStatus(err)
 	}
-	// What the container runs with now: the update merged into what it had, as
-	// containerd merges it into the spec, so ContainerStatus keeps what the update left.
-	raw, err := protojson.Marshal(spec.MergeResources(currentResources(rec, c.config), req.GetLinux()))
+	raw, err := protojson.Marshal(merged)
 	if err != nil {
 		return nil, toStatus(fmt.Errorf("encode resources of container %s: %w", rec.ID, err))
 	}
