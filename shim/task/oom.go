@@ -149,10 +149,13 @@ func (w *oomWatch) check() bool {
 // counter since the start stands for it, but only for a SIGKILLed init: a container
 // that exited by itself was not the victim of a sibling's OOM kill.
 func (w *oomWatch) checkExit(sigkill bool) bool {
-	if _, err := readOOMKills(w.file); err == nil || w.killed.Load() {
-		return w.check()
+	if n, err := readOOMKills(w.file); err == nil {
+		if n > w.base {
+			w.killed.Store(true)
+		}
+		return w.killed.Load()
 	}
-	if sigkill && w.parent != "" {
+	if !w.killed.Load() && sigkill && w.parent != "" {
 		if n, err := readOOMKills(w.parent); err == nil && n > w.parentBase {
 			w.log.Debug("container cgroup gone at exit; OOM kill counted by its parent", "parent", w.parent)
 			w.killed.Store(true)
