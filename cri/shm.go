@@ -2,17 +2,13 @@ package cri
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 
-	"golang.org/x/sys/unix"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/crisp-runtime/crisp/mount"
+	"github.com/crisp-runtime/crisp/podfiles"
 )
-
-// shmSize is the size of a pod's /dev/shm, as containerd and docker give it.
-const shmSize = "size=65536k"
 
 func (s *Service) podStateDir(id string) string { return filepath.Join(s.cfg.StateDir, "pods", id) }
 
@@ -32,12 +28,8 @@ func (s *Service) mountShm(id string, cfg *runtime.PodSandboxConfig) error {
 	if cfg.GetLinux().GetSecurityContext().GetNamespaceOptions().GetIpc() == runtime.NamespaceMode_NODE {
 		return nil
 	}
-	p := s.shmPath(id)
-	if err := os.MkdirAll(p, 0o700); err != nil {
-		return fmt.Errorf("create shm dir of pod %s: %w", id, err)
-	}
-	if err := unix.Mount("shm", p, "tmpfs", unix.MS_NOEXEC|unix.MS_NOSUID|unix.MS_NODEV, "mode=1777,"+shmSize); err != nil {
-		return fmt.Errorf("mount /dev/shm of pod %s: %w", id, err)
+	if err := podfiles.MountShm(s.shmPath(id)); err != nil {
+		return fmt.Errorf("pod %s: %w", id, err)
 	}
 	return nil
 }

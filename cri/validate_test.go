@@ -110,17 +110,6 @@ func TestValidatePodConfig(t *testing.T) {
 	}
 }
 
-func TestResolvConf(t *testing.T) {
-	got, err := resolvConf(&runtime.DNSConfig{Servers: []string{"1.1.1.1", "8.8.8.8"}, Searches: []string{"a.local"}, Options: []string{"ndots:5", "edns0"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := "search a.local\nnameserver 1.1.1.1\nnameserver 8.8.8.8\noptions ndots:5 edns0\n"
-	if string(got) != want {
-		t.Fatalf("got %q want %q", got, want)
-	}
-}
-
 func TestCRITimeout(t *testing.T) {
 	for _, tc := range []struct {
 		seconds int64
