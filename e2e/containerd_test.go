@@ -667,6 +667,7 @@ func TestE2EContainerd(t *testing.T) {
 		t.Run(h, func(t *testing.T) { c.lifecycle(t, h) })
 	}
 	t.Run("features", func(t *testing.T) { c.features(t) })
+	t.Run("podfiles", func(t *testing.T) { c.podFiles(t) })
 	t.Run("restart", func(t *testing.T) { c.restarts(t) })
 	t.Run("podstart", func(t *testing.T) {
 		before := c.leftovers()

@@ -137,3 +137,23 @@ func writeFile(path string, data []byte) error {
 	}
 	return nil
 }
+
+// Paths are where a pod's files are, for its containers' bind mounts. Shm is "" when
+// the pod has no /dev/shm of its own (it uses the host's IPC namespace).
+type Paths struct {
+	Hostname, Hosts, Resolv, Shm string
+}
+
+// In is Paths of the files Write put in dir, with the /dev/shm MountShm mounted at
+// dir/ShmDir when shm is true.
+func In(dir string, shm bool) Paths {
+	p := Paths{
+		Hostname: filepath.Join(dir, HostnameFile),
+		Hosts:    filepath.Join(dir, HostsFile),
+		Resolv:   filepath.Join(dir, ResolvFile),
+	}
+	if shm {
+		p.Shm = filepath.Join(dir, ShmDir)
+	}
+	return p
+}

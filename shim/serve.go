@@ -101,6 +101,7 @@ func Serve(ctx context.Context, f Flags, log *slog.Logger) error {
 	tasks, err := task.New(task.Config{
 		SandboxID:  f.ID,
 		SandboxPid: svc.PausePid,
+		PodFiles:   svc.PodFiles,
 		StateRoot:  filepath.Join(bundle, TaskStateDir),
 		Logger:     log,
 		Reaper:     r,

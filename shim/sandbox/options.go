@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
+	"github.com/crisp-runtime/crisp/podfiles"
 	"github.com/crisp-runtime/crisp/shim/pause"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
@@ -49,22 +50,24 @@ func ValidID(id string) bool { return validSandboxID(id) }
 // unpackOptions decodes the options Any into SandboxOptions, the one form buildSpec
 // validates: crisp's controller sends SandboxOptions, containerd ≥ 2.0's shim
 // sandboxer the CRI PodSandboxConfig (see optionsFromPodConfig). Absent options mean
-// all-default (every namespace per pod, cgroupfs under /crisp).
-func unpackOptions(a *anypb.Any) (*optionsv1.SandboxOptions, error) {
+// all-default (every namespace per pod, cgroupfs under /crisp). The pod's files come
+// back, to be written by the shim, only with a PodSandboxConfig: crisp's controller
+// writes its own.
+func unpackOptions(a *anypb.Any) (*optionsv1.SandboxOptions, *podfiles.Pod, error) {
 	opts := &optionsv1.SandboxOptions{}
 	if a == nil {
-		return opts, nil
+		return opts, nil, nil
 	}
 	if isPodSandboxConfig(a.GetTypeUrl()) {
 		return optionsFromPodConfig(a.GetValue())
 	}
 	if !a.MessageIs(opts) {
-		return nil, invalid("options must be %s or %s, got %q", opts.ProtoReflect().Descriptor().FullName(), podSandboxConfigName, a.GetTypeUrl())
+		return nil, nil, invalid("options must be %s or %s, got %q", opts.ProtoReflect().Descriptor().FullName(), podSandboxConfigName, a.GetTypeUrl())
 	}
 	if err := a.UnmarshalTo(opts); err != nil {
-		return nil, invalid("decode options: %v", err)
+		return nil, nil, invalid("decode options: %v", err)
 	}
-	return opts, nil
+	return opts, nil, nil
 }
 
 // buildSpec validates everything the pause process and the cgroup manager will act on,

@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"strings"
 
-	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
 	"google.golang.org/protobuf/encoding/protowire"
+
+	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
+	"github.com/crisp-runtime/crisp/podfiles"
 )
 
 // podSandboxConfigName is the CRI message containerd ≥ 2.0's shim sandboxer puts in
@@ -39,6 +41,7 @@ type podConfig struct {
 	network, pid, ipc            int32
 	userns                       *criUserNS
 	sysctls                      map[string]string
+	dns                          podfiles.DNS
 }
 
 type criUserNS struct {
@@ -53,10 +56,12 @@ type criUserNS struct {
 // process gets containerd's oom_score_adj. containerd gives no cgroup driver to the
 // sandboxer, so it follows from the parent's form: kubelet's systemd driver passes a
 // slice name ("kubepods-besteffort-pod….slice"), its cgroupfs driver an absolute path.
-func optionsFromPodConfig(data []byte) (*optionsv1.SandboxOptions, error) {
+// The pod's files (/etc/hostname, /etc/hosts, /etc/resolv.conf), which containerd's
+// podsandbox would write, come back too: under the shim sandboxer they are the shim's.
+func optionsFromPodConfig(data []byte) (*optionsv1.SandboxOptions, *podfiles.Pod, error) {
 	pc, err := decodePodConfig(data)
 	if err != nil {
-		return nil, invalid("decode %s: %v", podSandboxConfigName, err)
+		return nil, nil, invalid("decode %s: %v", podSandboxConfigName, err)
 	}
 	o := &optionsv1.SandboxOptions{
 		CgroupParent:  pc.cgroupParent,
@@ -70,7 +75,7 @@ func optionsFromPodConfig(data []byte) (*optionsv1.SandboxOptions, error) {
 	o.Ipc, err3 = criMode("ipc", pc.ipc)
 	for _, err := range []error{err1, err2, err3} {
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	if o.Network == optionsv1.NamespaceMode_NODE {
@@ -94,10 +99,11 @@ func optionsFromPodConfig(data []byte) (*optionsv1.SandboxOptions, error) {
 		case criModePod:
 			o.Userns = &optionsv1.UserNamespace{Uids: criIDMaps(u.uids), Gids: criIDMaps(u.gids)}
 		default:
-			return nil, invalid("user namespace mode %d: want POD or NODE", u.mode)
+			return nil, nil, invalid("user namespace mode %d: want POD or NODE", u.mode)
 		}
 	}
-	return o, nil
+	files := &podfiles.Pod{Hostname: o.Hostname, HostNetwork: o.Network == optionsv1.NamespaceMode_NODE, DNS: pc.dns}
+	return o, files, nil
 }
 
 func criMode(name string, m int32) (optionsv1.NamespaceMode, error) {
@@ -136,6 +142,21 @@ func decodePodConfig(b []byte) (*podConfig, error) {
 			})
 		case num == 2 && typ == protowire.BytesType: // hostname
 			pc.hostname = string(v)
+		case num == 4 && typ == protowire.BytesType: // dns_config
+			return eachField(v, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
+				if typ != protowire.BytesType {
+					return nil
+				}
+				switch num { // DNSConfig: servers 1, searches 2, options 3
+				case 1:
+					pc.dns.Servers = append(pc.dns.Servers, string(v))
+				case 2:
+					pc.dns.Searches = append(pc.dns.Searches, string(v))
+				case 3:
+					pc.dns.Options = append(pc.dns.Options, string(v))
+				}
+				return nil
+			})
 		case num == 8 && typ == protowire.BytesType: // linux
 			return decodeLinux(v, pc)
 		}

@@ -1,10 +1,12 @@
 package sandbox
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
+	"github.com/crisp-runtime/crisp/podfiles"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -56,6 +58,8 @@ func TestUnpackPodSandboxConfig(t *testing.T) {
 		name string
 		cfg  *runtime.PodSandboxConfig
 		want *optionsv1.SandboxOptions
+		// files are the pod's files the shim writes; DNS in fullPodConfig's.
+		files podfiles.Pod
 	}{{
 		name: "pod namespaces",
 		cfg:  fullPodConfig(&runtime.NamespaceOption{Pid: runtime.NamespaceMode_CONTAINER}),
@@ -64,6 +68,7 @@ func TestUnpackPodSandboxConfig(t *testing.T) {
 			Sysctls:      map[string]string{"net.ipv4.ip_unprivileged_port_start": "0", "kernel.shm_rmid_forced": "1"},
 			CgroupParent: "/kubepods/besteffort/poduid-1", OomScoreAdj: -998,
 		},
+		files: podfiles.Pod{Hostname: "web-0", DNS: podfiles.DNS{Servers: []string{"10.0.0.10"}, Searches: []string{"svc.cluster.local"}, Options: []string{"ndots:5"}}},
 	}, {
 		name: "host network, pid and ipc",
 		cfg: func() *runtime.PodSandboxConfig {
@@ -76,10 +81,12 @@ func TestUnpackPodSandboxConfig(t *testing.T) {
 			Network: optionsv1.NamespaceMode_NODE, Pid: optionsv1.NamespaceMode_NODE, Ipc: optionsv1.NamespaceMode_NODE, Uts: optionsv1.NamespaceMode_NODE,
 			Sysctls: map[string]string{}, CgroupParent: "kubepods-besteffort-poduid_1.slice", SystemdCgroup: true, OomScoreAdj: -998,
 		},
+		files: podfiles.Pod{HostNetwork: true, DNS: podfiles.DNS{Servers: []string{"10.0.0.10"}, Searches: []string{"svc.cluster.local"}, Options: []string{"ndots:5"}}},
 	}, {
-		name: "hostname defaults to the pod name",
-		cfg:  &runtime.PodSandboxConfig{Metadata: &runtime.PodSandboxMetadata{Name: strings.Repeat("n", 70)}},
-		want: &optionsv1.SandboxOptions{Hostname: strings.Repeat("n", 64), Sysctls: map[string]string{}, OomScoreAdj: -998},
+		name:  "hostname defaults to the pod name",
+		cfg:   &runtime.PodSandboxConfig{Metadata: &runtime.PodSandboxMetadata{Name: strings.Repeat("n", 70)}},
+		want:  &optionsv1.SandboxOptions{Hostname: strings.Repeat("n", 64), Sysctls: map[string]string{}, OomScoreAdj: -998},
+		files: podfiles.Pod{Hostname: strings.Repeat("n", 64)},
 	}, {
 		name: "user namespace",
 		cfg: &runtime.PodSandboxConfig{Hostname: "u", Linux: &runtime.LinuxPodSandboxConfig{SecurityContext: &runtime.LinuxSandboxSecurityContext{
@@ -92,19 +99,24 @@ func TestUnpackPodSandboxConfig(t *testing.T) {
 			Uids: []*optionsv1.IDMapping{{HostId: 65536, Size: 65536}},
 			Gids: []*optionsv1.IDMapping{{HostId: 131072, Size: 65536}},
 		}},
+		files: podfiles.Pod{Hostname: "u"},
 	}, {
 		name: "host user namespace",
 		cfg: &runtime.PodSandboxConfig{Hostname: "u", Linux: &runtime.LinuxPodSandboxConfig{SecurityContext: &runtime.LinuxSandboxSecurityContext{
 			NamespaceOptions: &runtime.NamespaceOption{UsernsOptions: &runtime.UserNamespace{Mode: runtime.NamespaceMode_NODE}}}}},
-		want: &optionsv1.SandboxOptions{Hostname: "u", Sysctls: map[string]string{}, OomScoreAdj: -998},
+		want:  &optionsv1.SandboxOptions{Hostname: "u", Sysctls: map[string]string{}, OomScoreAdj: -998},
+		files: podfiles.Pod{Hostname: "u"},
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			// typeurl (containerd) writes the bare name; anypb.New the prefixed URL.
 			for _, url := range []string{"runtime.v1.PodSandboxConfig", "type.googleapis.com/runtime.v1.PodSandboxConfig"} {
-				got, err := unpackOptions(podConfigAny(t, tt.cfg, url))
+				got, files, err := unpackOptions(podConfigAny(t, tt.cfg, url))
 				if err != nil {
 					t.Fatalf("%s: %v", url, err)
+				}
+				if files == nil || !reflect.DeepEqual(*files, tt.files) {
+					t.Errorf("%s: pod files %+v, want %+v", url, files, tt.files)
 				}
 				if !proto.Equal(got, tt.want) {
 					t.Errorf("%s:\n got %v\nwant %v", url, got, tt.want)
@@ -117,7 +129,7 @@ func TestUnpackPodSandboxConfig(t *testing.T) {
 // The two option forms give the pause process the same pod.
 func TestPodSandboxConfigSpecMatchesSandboxOptions(t *testing.T) {
 	cfg := fullPodConfig(&runtime.NamespaceOption{})
-	fromCRI, err := unpackOptions(podConfigAny(t, cfg, "runtime.v1.PodSandboxConfig"))
+	fromCRI, _, err := unpackOptions(podConfigAny(t, cfg, "runtime.v1.PodSandboxConfig"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,9 +140,13 @@ func TestPodSandboxConfigSpecMatchesSandboxOptions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fromCrisp, err := unpackOptions(crisp)
+	fromCrisp, files, err := unpackOptions(crisp)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if files != nil {
+		// crisp's controller writes the pod's files itself.
+		t.Errorf("SandboxOptions gave pod files %+v", files)
 	}
 	// No netns path: checkNetNS would need a real namespace file; the ipc sysctl
 	// is still checked against the pod's namespaces.
@@ -159,7 +175,7 @@ func TestUnpackPodSandboxConfigErrors(t *testing.T) {
 			NamespaceOptions: &runtime.NamespaceOption{UsernsOptions: &runtime.UserNamespace{Mode: runtime.NamespaceMode_CONTAINER}}}}}, "runtime.v1.PodSandboxConfig"),
 		"other message": {TypeUrl: "runtime.v1.ContainerConfig"},
 	} {
-		if _, err := unpackOptions(a); status.Code(err) != codes.InvalidArgument {
+		if _, _, err := unpackOptions(a); status.Code(err) != codes.InvalidArgument {
 			t.Errorf("%s: got %v, want InvalidArgument", name, err)
 		}
 	}

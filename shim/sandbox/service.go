@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"sync"
@@ -13,6 +14,7 @@ import (
 
 	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
 	"github.com/crisp-runtime/crisp/api/containerd/types"
+	"github.com/crisp-runtime/crisp/podfiles"
 	"github.com/crisp-runtime/crisp/proc"
 	"github.com/crisp-runtime/crisp/shim/cgstats"
 	"github.com/crisp-runtime/crisp/shim/pause"
@@ -65,8 +67,11 @@ type Service struct {
 }
 
 type sandbox struct {
-	spec    podSpec
-	state   State
+	spec  podSpec
+	state State
+	// files are the pod's /etc files and /dev/shm the shim made (containerd's shim
+	// sandboxer), nil when the caller makes its own.
+	files   *podfiles.Paths
 	cg      cgroups.Manager
 	pause   *pause.Process
 	stopped bool
@@ -118,7 +123,7 @@ func (s *Service) lookup(id string) (*sandbox, error) {
 }
 
 // CreateSandbox validates the pod's options, creates its cgroup and records it.
-func (s *Service) CreateSandbox(ctx context.Context, req *sandboxapi.CreateSandboxRequest) (*sandboxapi.CreateSandboxResponse, error) {
+func (s *Service) CreateSandbox(ctx context.Context, req *sandboxapi.CreateSandboxRequest) (_ *sandboxapi.CreateSandboxResponse, retErr error) {
 	s.opMu.Lock()
 	defer s.opMu.Unlock()
 	if req.GetSandboxID() != s.id {
@@ -130,7 +135,7 @@ func (s *Service) CreateSandbox(ctx context.Context, req *sandboxapi.CreateSandb
 	if exists {
 		return nil, status.Errorf(codes.AlreadyExists, "sandbox %q already created", s.id)
 	}
-	opts, err := unpackOptions(req.GetOptions())
+	opts, files, err := unpackOptions(req.GetOptions())
 	if err != nil {
 		return nil, err
 	}
@@ -147,6 +152,19 @@ func (s *Service) CreateSandbox(ctx context.Context, req *sandboxapi.CreateSandb
 	if err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "%v", err)
 	}
+	var paths *podfiles.Paths
+	if files != nil {
+		p, err := s.writePodFiles(spec, *files)
+		if err != nil {
+			return nil, err
+		}
+		paths = &p
+		defer func() {
+			if retErr != nil {
+				s.removePodFiles()
+			}
+		}()
+	}
 	// A systemd scope cannot exist without a process in it, so that driver creates
 	// the cgroup in StartSandbox together with the pause process.
 	if spec.cgroup.Driver == DriverCgroupfs {
@@ -159,9 +177,10 @@ func (s *Service) CreateSandbox(ctx context.Context, req *sandboxapi.CreateSandb
 		}
 	}
 	sb := &sandbox{
-		spec: spec,
-		cg:   m,
-		done: make(chan struct{}),
+		spec:  spec,
+		cg:    m,
+		files: paths,
+		done:  make(chan struct{}),
 		state: State{
 			SandboxID:  spec.id,
 			BundlePath: req.GetBundlePath(),
@@ -452,7 +471,12 @@ func (s *Service) Shutdown(ctx context.Context) error {
 	if sb == nil {
 		return nil
 	}
-	return s.stop(ctx, sb, 0)
+	err := s.stop(ctx, sb, 0)
+	if sb.files != nil {
+		// After the pause: the containers that bind-mount them are gone by now.
+		err = errors.Join(err, s.removePodFiles())
+	}
+	return err
 }
 
 // UpdateSandbox is not implemented yet.
@@ -509,6 +533,9 @@ func Cleanup(ctx context.Context, dir string, log *slog.Logger) (Exit, error) {
 		status := uint32(killedStatus)
 		st.ExitStatus, st.ExitedAt = &status, &now
 	}
+	if err := podfiles.Remove(filepath.Join(dir, podFilesDir)); err != nil {
+		errs = append(errs, err)
+	}
 	if err := writeState(dir, st); err != nil {
 		errs = append(errs, err)
 	}
@@ -523,6 +550,52 @@ func (s *Service) PausePid() (int, bool) {
 		return 0, false
 	}
 	return s.sb.pause.Pid(), true
+}
+
+// podFilesDir is where, in the shim's bundle, the pod's files and /dev/shm are.
+const podFilesDir = "pod"
+
+// writePodFiles writes the files containerd's podsandbox would give the pod's
+// containers, and mounts its /dev/shm when the pod has an IPC namespace of its own.
+func (s *Service) writePodFiles(spec podSpec, pod podfiles.Pod) (podfiles.Paths, error) {
+	if pod.Hostname == "" {
+		// The pod keeps the host's UTS namespace: its hostname is the host's.
+		h, err := os.Hostname()
+		if err != nil {
+			return podfiles.Paths{}, status.Errorf(codes.Internal, "pod files: %v", err)
+		}
+		pod.Hostname = h
+	}
+	dir := filepath.Join(s.bundle, podFilesDir)
+	if err := podfiles.Write(dir, pod); err != nil {
+		return podfiles.Paths{}, status.Errorf(codes.Internal, "pod files: %v", err)
+	}
+	if spec.newIPC {
+		if err := podfiles.MountShm(filepath.Join(dir, podfiles.ShmDir)); err != nil {
+			_ = podfiles.Remove(dir)
+			return podfiles.Paths{}, status.Errorf(codes.Internal, "%v", err)
+		}
+	}
+	return podfiles.In(dir, spec.newIPC), nil
+}
+
+func (s *Service) removePodFiles() error {
+	if err := podfiles.Remove(filepath.Join(s.bundle, podFilesDir)); err != nil {
+		s.log.Error("remove pod files", "error", err)
+		return status.Errorf(codes.Internal, "%v", err)
+	}
+	return nil
+}
+
+// PodFiles are the pod's files for its containers' bind mounts, when this shim made
+// them (under containerd's shim sandboxer); false otherwise.
+func (s *Service) PodFiles() (podfiles.Paths, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sb == nil || s.sb.files == nil {
+		return podfiles.Paths{}, false
+	}
+	return *s.sb.files, true
 }
 
 // Created tells whether CreateSandbox made a sandbox on this shim.

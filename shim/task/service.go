@@ -21,6 +21,7 @@ import (
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/api/shimapi"
 	"github.com/crisp-runtime/crisp/crilog"
+	"github.com/crisp-runtime/crisp/podfiles"
 	"github.com/crisp-runtime/crisp/shim/events"
 	"github.com/crisp-runtime/crisp/shim/reaper"
 	"github.com/crisp-runtime/crisp/version"
@@ -70,6 +71,10 @@ type Config struct {
 	// id with it: containerd 2.x reconnects to a sandbox shim after its own restart by
 	// a task Connect on the sandbox id, and takes NotFound for a dead shim.
 	SandboxPid func() (int, bool)
+	// PodFiles are the pod's /etc files and /dev/shm when the shim made them for
+	// containerd's shim sandboxer (false otherwise); nil is none. Create mounts them
+	// into the pod's containers whose spec lacks them (addPodMounts).
+	PodFiles func() (podfiles.Paths, bool)
 	// OnIdleShutdown is called by a task Shutdown that finds no container left. The
 	// shim exits then unless it serves a sandbox (CreateSandbox): under containerd's
 	// podsandbox, and with task-only callers, the shim's life is its tasks', as with
@@ -83,6 +88,7 @@ type Service struct {
 	sandboxID string
 	// sandboxPid is Config.SandboxPid.
 	sandboxPid func() (int, bool)
+	podFiles   func() (podfiles.Paths, bool)
 	root       string
 	log        *slog.Logger
 	reaper     Reaper
@@ -130,6 +136,7 @@ func New(cfg Config) (*Service, error) {
 		helper:     helper,
 		sandboxID:  cfg.SandboxID,
 		sandboxPid: cfg.SandboxPid,
+		podFiles:   cfg.PodFiles,
 		root:       cfg.StateRoot,
 		log:        log,
 		reaper:     cfg.Reaper,
@@ -257,6 +264,17 @@ func (s *Service) Create(ctx context.Context, req *taskv3.CreateTaskRequest) (_ 
 	bundle := req.GetBundle()
 	if !filepath.IsAbs(bundle) || filepath.Clean(bundle) != bundle {
 		return nil, invalid("bundle %q must be an absolute, clean path", bundle)
+	}
+	if s.podFiles != nil {
+		if files, ok := s.podFiles(); ok {
+			added, err := addPodMounts(bundle, s.sandboxID, files)
+			if err != nil {
+				return nil, invalid("container %q: %v", id, err)
+			}
+			if added {
+				log.Debug("pod files mounted into the container's spec")
+			}
+		}
 	}
 	images := req.GetCheckpoint()
 	if images != "" {
