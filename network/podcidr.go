@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/crisp-runtime/crisp/atomicfile"
 )
 
 // ErrInvalidPodCIDR is wrapped by errors about a pod CIDR that cannot be used.
@@ -212,34 +214,13 @@ func readPodCIDR(path string) (string, error) {
 	return joinCIDRs(nets), nil
 }
 
-// writeFileAtomic replaces path with data through a temp file and a rename, so that
-// nobody (kubelet, another runtime, our own reload) ever reads half a file. The temp
-// name has no config extension, so a CNI config dir never chooses it.
+// writeFileAtomic replaces path with data (atomicfile.WriteSync), creating its
+// directory: nobody (kubelet, another runtime, our own reload) ever reads half a file,
+// and the temp name has no config extension, so a CNI config dir never chooses it.
 func writeFileAtomic(path string, data []byte) error {
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create %s: %w", dir, err)
 	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*.tmp")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name())
-	_, err = tmp.Write(data)
-	if err == nil {
-		err = tmp.Chmod(0o644)
-	}
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
+	return atomicfile.WriteSync(path, data, 0o644)
 }

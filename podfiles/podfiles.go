@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/crisp-runtime/crisp/atomicfile"
 	"github.com/crisp-runtime/crisp/mount"
 )
 
@@ -52,7 +53,7 @@ func Write(dir string, p Pod) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create pod dir: %w", err)
 	}
-	if err := writeFile(filepath.Join(dir, HostnameFile), []byte(p.Hostname+"\n")); err != nil {
+	if err := atomicfile.Write(filepath.Join(dir, HostnameFile), []byte(p.Hostname+"\n"), 0o644); err != nil {
 		return err
 	}
 	var hosts []byte
@@ -70,14 +71,14 @@ func Write(dir string, p Pod) error {
 		}
 		hosts = b.Bytes()
 	}
-	if err := writeFile(filepath.Join(dir, HostsFile), hosts); err != nil {
+	if err := atomicfile.Write(filepath.Join(dir, HostsFile), hosts, 0o644); err != nil {
 		return err
 	}
 	resolv, err := ResolvConf(p.DNS)
 	if err != nil {
 		return err
 	}
-	return writeFile(filepath.Join(dir, ResolvFile), resolv)
+	return atomicfile.Write(filepath.Join(dir, ResolvFile), resolv, 0o644)
 }
 
 // ResolvConf renders a pod's resolv.conf from its DNS config, or copies the host's when
@@ -121,19 +122,6 @@ func Remove(dir string) error {
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("remove pod files: %w", err)
-	}
-	return nil
-}
-
-// writeFile replaces path atomically so a container never sees half a file.
-func writeFile(path string, data []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		_ = os.Remove(tmp)
-		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
 }

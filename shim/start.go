@@ -15,8 +15,10 @@ import (
 	"time"
 
 	bootstrap "github.com/containerd/containerd/api/runtime/bootstrap/v1"
-	"github.com/crisp-runtime/crisp/shim/sandbox"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/crisp-runtime/crisp/atomicfile"
+	"github.com/crisp-runtime/crisp/shim/sandbox"
 )
 
 // resultVersion 3 tells containerd that this shim serves the sandbox API and task v3 on
@@ -279,10 +281,10 @@ func spawn(sp startParams, l *net.UnixListener, path string) (retErr error) {
 			_ = cmd.Process.Release()
 		}
 	}()
-	if err := writeFileAtomic(filepath.Join(sp.bundle, PidFile), []byte(strconv.Itoa(cmd.Process.Pid))); err != nil {
+	if err := atomicfile.Write(filepath.Join(sp.bundle, PidFile), []byte(strconv.Itoa(cmd.Process.Pid)), 0o600); err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(sp.bundle, AddressFile), []byte("unix://"+path))
+	return atomicfile.Write(filepath.Join(sp.bundle, AddressFile), []byte("unix://"+path), 0o600)
 }
 
 // criuFaultEnv is the environment variable CRIU reads its fault-injection mode from.
@@ -338,23 +340,4 @@ func hasEnv(environ []string, key string) bool {
 		}
 	}
 	return false
-}
-
-func writeFileAtomic(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
 }

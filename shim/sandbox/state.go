@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/crisp-runtime/crisp/atomicfile"
 )
 
 // StateFile is the name of the sandbox record in the bundle.
@@ -49,20 +51,5 @@ func writeState(dir string, st *State) error {
 	if err != nil {
 		return fmt.Errorf("encode sandbox state: %w", err)
 	}
-	tmp, err := os.CreateTemp(dir, "."+StateFile+".*")
-	if err != nil {
-		return fmt.Errorf("write sandbox state: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write sandbox state: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write sandbox state: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), filepath.Join(dir, StateFile)); err != nil {
-		return fmt.Errorf("write sandbox state: %w", err)
-	}
-	return nil
+	return atomicfile.Write(filepath.Join(dir, StateFile), data, 0o600)
 }

@@ -9,6 +9,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/crisp-runtime/crisp/atomicfile"
 	"github.com/crisp-runtime/crisp/podfiles"
 )
 
@@ -105,7 +106,11 @@ func addPodMounts(bundle, sandboxID string, files podfiles.Paths) (bool, error) 
 	if err != nil {
 		return false, err
 	}
-	return true, replaceFile(path, out)
+	perm := os.FileMode(0o644)
+	if fi, err := os.Stat(path); err == nil {
+		perm = fi.Mode().Perm()
+	}
+	return true, atomicfile.Write(path, out, perm)
 }
 
 // sharesIPC reports whether the container joins an IPC namespace: the pod's /dev/shm
@@ -115,32 +120,4 @@ func sharesIPC(spec *specs.Spec) bool {
 		return false
 	}
 	return slices.ContainsFunc(spec.Linux.Namespaces, func(ns specs.LinuxNamespace) bool { return ns.Type == specs.IPCNamespace })
-}
-
-// replaceFile writes data to path atomically, keeping path's mode.
-func replaceFile(path string, data []byte) error {
-	mode := os.FileMode(0o644)
-	if fi, err := os.Stat(path); err == nil {
-		mode = fi.Mode().Perm()
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return fmt.Errorf("rewrite %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("rewrite %s: %w", path, err)
-	}
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return fmt.Errorf("rewrite %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("rewrite %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("rewrite %s: %w", path, err)
-	}
-	return nil
 }
