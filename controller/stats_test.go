@@ -7,8 +7,8 @@ import (
 	cg1 "github.com/containerd/cgroups/v3/cgroup1/stats"
 	cg2 "github.com/containerd/cgroups/v3/cgroup2/stats"
 	"github.com/containerd/errdefs"
-	"github.com/crisp-runtime/crisp/shim/cgstats"
-	"github.com/crisp-runtime/crisp/shim/cgstats/v2test"
+	"github.com/crisp-runtime/crisp/cgstats"
+	"github.com/crisp-runtime/crisp/cgstats/v2test"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 )

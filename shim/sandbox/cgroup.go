@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/crisp-runtime/crisp/shim/cgstats"
+	"github.com/crisp-runtime/crisp/cgstats"
 	"github.com/opencontainers/cgroups"
 	// Registers the device-rule backend that the v1 devices controller needs.
 	_ "github.com/opencontainers/cgroups/devices"

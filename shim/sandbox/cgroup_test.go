@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/crisp-runtime/crisp/shim/cgstats"
+	"github.com/crisp-runtime/crisp/cgstats"
 	"github.com/opencontainers/cgroups"
 	cgsystemd "github.com/opencontainers/cgroups/systemd"
 	"google.golang.org/grpc/codes"

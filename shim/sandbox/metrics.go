@@ -7,7 +7,7 @@ import (
 
 	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
 	"github.com/crisp-runtime/crisp/api/containerd/types"
-	"github.com/crisp-runtime/crisp/shim/cgstats"
+	"github.com/crisp-runtime/crisp/cgstats"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"

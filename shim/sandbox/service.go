@@ -14,9 +14,9 @@ import (
 
 	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
 	"github.com/crisp-runtime/crisp/api/containerd/types"
+	"github.com/crisp-runtime/crisp/cgstats"
 	"github.com/crisp-runtime/crisp/podfiles"
 	"github.com/crisp-runtime/crisp/proc"
-	"github.com/crisp-runtime/crisp/shim/cgstats"
 	"github.com/crisp-runtime/crisp/shim/pause"
 	"github.com/opencontainers/cgroups"
 	"google.golang.org/grpc/codes"

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/crisp-runtime/crisp/shim/cgstats"
-	"github.com/crisp-runtime/crisp/shim/cgstats/v2test"
+	"github.com/crisp-runtime/crisp/cgstats"
+	"github.com/crisp-runtime/crisp/cgstats/v2test"
 	"github.com/opencontainers/cgroups"
 	"github.com/opencontainers/cgroups/fs2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"

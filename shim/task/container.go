@@ -13,8 +13,8 @@ import (
 	"time"
 
 	taskapi "github.com/crisp-runtime/crisp/api/containerd/types/task"
+	"github.com/crisp-runtime/crisp/cgstats"
 	"github.com/crisp-runtime/crisp/crilog"
-	"github.com/crisp-runtime/crisp/shim/cgstats"
 	"github.com/opencontainers/cgroups"
 	"golang.org/x/sys/unix"
 )

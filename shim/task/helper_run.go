@@ -12,8 +12,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/crisp-runtime/crisp/cgstats"
 	"github.com/crisp-runtime/crisp/mount"
-	"github.com/crisp-runtime/crisp/shim/cgstats"
 	"github.com/opencontainers/runc/libcontainer"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"

@@ -5,7 +5,7 @@ import (
 	"errors"
 
 	taskv3 "github.com/crisp-runtime/crisp/api/containerd/task/v3"
-	"github.com/crisp-runtime/crisp/shim/cgstats"
+	"github.com/crisp-runtime/crisp/cgstats"
 )
 
 // Stats reports the container's cgroup metrics as containerd's runc shim does: an

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	cg2 "github.com/containerd/cgroups/v3/cgroup2/stats"
-	"github.com/crisp-runtime/crisp/shim/cgstats/v2test"
+	"github.com/crisp-runtime/crisp/cgstats/v2test"
 	"github.com/opencontainers/cgroups"
 	"github.com/opencontainers/cgroups/fs2"
 	"github.com/opencontainers/cgroups/systemd"

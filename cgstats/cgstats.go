@@ -3,8 +3,10 @@
 // containerd's runc shim does, so that containerd's CRI can read crisp's shim and crisp's
 // controller can read containerd's shims.
 //
-// It lives in the shim and must stay lean: it links the cgroups module's readers and its
-// generated stats types, nothing of containerd's api module and no gRPC.
+// It is a leaf package: crisp's shim packs with it, and the controller's tests read what
+// it packs, without linking the shim. It must stay lean, since the shim links it: the
+// cgroups module's readers and its generated stats types, nothing of containerd's api
+// module and no gRPC.
 package cgstats
 
 import (
