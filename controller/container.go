@@ -20,7 +20,6 @@ import (
 
 	options "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/api/shimapi"
-	"github.com/crisp-runtime/crisp/crilog"
 	"github.com/crisp-runtime/crisp/mount"
 )
 
@@ -55,9 +54,10 @@ type ContainerState struct {
 	ShimDied bool
 }
 
-func (o Options) containerBundle(id string) string {
-	return filepath.Join(o.StateDir, "containers", id)
-}
+// containerDir holds the containers' bundles, one directory per container id.
+func (o Options) containerDir() string { return filepath.Join(o.StateDir, "containers") }
+
+func (o Options) containerBundle(id string) string { return filepath.Join(o.containerDir(), id) }
 
 // task returns the task API client of a pod's shim; FailedPrecondition when the pod's
 // shim is not reachable.
@@ -186,7 +186,7 @@ func (c *Controller) wait(ctx context.Context, sandboxID, id, execID string) (Co
 	if err != nil {
 		return ContainerState{}, fmt.Errorf("wait for container %s: %w", id, fromShim(err))
 	}
-	if t := c.taskIO(id); t != nil && execID == "" && !t.wait(ioDrainTimeout) {
+	if execID == "" && !c.tasks.AwaitOutput(id) {
 		// The exit is reported anyway: a child that inherited the output keeps the
 		// FIFOs open, and its output still reaches the log.
 		c.log.Debug("container output still open after its exit", "container", id)
@@ -246,7 +246,7 @@ func (c *Controller) DeleteContainer(ctx context.Context, sandboxID, id string) 
 	default:
 		return err
 	}
-	c.dropTaskIO(id)
+	c.tasks.DropIO(id)
 	if err := os.RemoveAll(c.opts.containerBundle(id)); err != nil {
 		return fmt.Errorf("remove bundle of container %s: %w", id, err)
 	}
@@ -321,7 +321,7 @@ func (c *Controller) Exec(ctx context.Context, es ExecSpec) (retErr error) {
 		return err
 	}
 	if sb.isTaskOnly() {
-		abort, err := c.discardOutputs(&es)
+		abort, err := c.tasks.DiscardOutputs(es.ContainerID, es.ExecID, es.Terminal, &es.Stdout, &es.Stderr)
 		if err != nil {
 			return err
 		}
@@ -395,11 +395,8 @@ func (c *Controller) shimClient(sandboxID string) (shimapi.Service, error) {
 // ReopenContainerLog has the shim reopen a container's log file (criserver reopens
 // it itself for a task-only shim's container).
 func (c *Controller) ReopenContainerLog(ctx context.Context, sandboxID, id string) error {
-	if t := c.taskIO(id); t != nil {
-		if err := t.reopen(); err != nil {
-			if errors.Is(err, crilog.ErrClosed) {
-				return fmt.Errorf("reopen log of container %s: the container is not running: %w", id, errdefs.ErrFailedPrecondition)
-			}
+	if t := c.tasks.IO(id); t != nil {
+		if err := t.Reopen(); err != nil {
 			return fmt.Errorf("reopen log of container %s: %w", id, err)
 		}
 		return nil
@@ -449,7 +446,7 @@ func (c *Controller) HasContainerBundle(id string) bool {
 // its bundle removed. It returns the ids removed. Nothing may create containers
 // meanwhile.
 func (c *Controller) RemoveOrphanContainers(ctx context.Context, keep func(id string) bool) ([]string, error) {
-	root := filepath.Join(c.opts.StateDir, "containers")
+	root := c.opts.containerDir()
 	entries, err := os.ReadDir(root)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -489,16 +486,11 @@ func (c *Controller) deleteFromAnyShim(ctx context.Context, id string) error {
 		ids = append(ids, sid)
 	}
 	c.mu.Unlock()
-	// A task-only shim's container names its pod in io.json: only that shim can have
-	// it, and its create may still be running (see deleteSettled).
-	if r, ok := readIORecord(c.opts.containerBundle(id)); ok {
-		ids = []string{r.SandboxID}
-		// The shim's create opens the output FIFOs after making the container and
-		// waits for a reader: give it one (the output is dropped), or it never ends.
-		r.LogPath = ""
-		if t, err := newTaskIO(c.opts.containerBundle(id), r, false, c.log.With("container", id)); err == nil {
-			defer t.close()
-		}
+	// A task-only shim's container names its pod: only that shim can have it, and
+	// its create may still be running (see tasksandbox.Sandboxer.DeleteSettled).
+	if pod, release, ok := c.tasks.OrphanPod(id); ok {
+		ids = []string{pod}
+		defer release()
 	}
 	for _, sid := range ids {
 		tc, sb, err := c.task(sid)
@@ -506,7 +498,7 @@ func (c *Controller) deleteFromAnyShim(ctx context.Context, id string) error {
 			continue // not running: nothing of it can run in that pod
 		}
 		if sb.isTaskOnly() {
-			err = c.deleteSettled(ctx, tc, sb, id)
+			err = c.tasks.DeleteSettled(ctx, tc, c.taskPod(sb), id)
 		} else {
 			dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			_, err = tc.Delete(dctx, &taskapi.DeleteRequest{ID: id})
@@ -519,34 +511,4 @@ func (c *Controller) deleteFromAnyShim(ctx context.Context, id string) error {
 		}
 	}
 	return nil
-}
-
-// orphanCreateWait is how long an orphan container of a task-only shim may still be
-// being created: the shim knows a container only once `runc create` (or its
-// equivalent) has returned, and it goes on with a Create whose caller died.
-const orphanCreateWait = 3 * time.Second
-
-// orphanDeleteTimeout bounds the task Delete of an orphan container of a task-only
-// shim. containerd's runc shim was seen, rarely, never answering the Delete of a
-// container whose Create had a caller that died; recovery must not wait on it.
-const orphanDeleteTimeout = 5 * time.Second
-
-// deleteSettled deletes container id from a task-only shim, waiting up to
-// orphanCreateWait for a create still in flight to finish first: deleted too early, the
-// container would be made after the delete and never found again. A create the shim
-// never finished, or a delete it does not answer, is cleaned up without the shim.
-func (c *Controller) deleteSettled(ctx context.Context, tc taskapi.TTRPCTaskService, sb *sandbox, id string) error {
-	if !awaitTask(ctx, tc, id) {
-		c.cleanAbortedCreate(ctx, sb, id, c.opts.containerBundle(id))
-		return nil
-	}
-	dctx, cancel := context.WithTimeout(ctx, orphanDeleteTimeout)
-	defer cancel()
-	_, err := tc.Delete(dctx, &taskapi.DeleteRequest{ID: id})
-	if err != nil && dctx.Err() != nil && ctx.Err() == nil {
-		c.log.Warn("shim did not delete an orphan container in time; removing it without the shim", "pod", sb.rec.ID, "container", id, "timeout", orphanDeleteTimeout)
-		c.cleanAbortedCreate(ctx, sb, id, c.opts.containerBundle(id))
-		return nil
-	}
-	return err
 }

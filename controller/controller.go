@@ -23,6 +23,7 @@ import (
 	"github.com/crisp-runtime/crisp/netns"
 	"github.com/crisp-runtime/crisp/network"
 	"github.com/crisp-runtime/crisp/store"
+	"github.com/crisp-runtime/crisp/tasksandbox"
 )
 
 const bucket = "sandboxes"
@@ -144,8 +145,8 @@ type sandbox struct {
 	reaped   chan struct{}
 	reapErr  error
 	reapedAt time.Time
-	// shimLog is criserver's read end of a task-only shim's log FIFO.
-	shimLog *os.File
+	// shimLog is criserver's copy of a task-only shim's log.
+	shimLog *tasksandbox.ShimLog
 }
 
 func newSandbox(rec record) *sandbox {
@@ -165,16 +166,15 @@ type Controller struct {
 
 	// spares are the warm spare shims (see spare.go).
 	spares *spareSet
-	// taskOpts are the runtime options of each task-only handler (see taskspec.go).
-	taskOpts map[string]*anypb.Any
+	// tasks is the task-only sandboxer: the sandbox of a pod whose handler's
+	// sandbox_mode is task (the other sandboxer is crisp's shim, reached over ttrpc).
+	tasks *tasksandbox.Sandboxer
 	// legacyStart holds the task-only handlers whose shims take the legacy start
 	// protocol (startShimProcess found out).
 	legacyStart sync.Map
-	// events receives task-only shims' events (events.go); nil without such handlers.
+	// events receives task-only shims' events (tasksandbox's ServeEvents); nil
+	// without such handlers.
 	events *ttrpc.Server
-	// ios copy the output of task-only shims' containers, by container id (taskio.go).
-	iosMu sync.Mutex
-	ios   map[string]*taskIO
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
@@ -197,16 +197,17 @@ func New(opts Options, st *store.Store, net *network.Manager, log *slog.Logger) 
 			return nil, fmt.Errorf("create %s: %w", dir, err)
 		}
 	}
-	taskOpts := map[string]*anypb.Any{}
+	tasks, err := tasksandbox.New(tasksandbox.Config{
+		Runtimes: opts.Runtimes, StateDir: opts.StateDir, SystemdCgroup: opts.SystemdCgroup,
+		ContainerDir: opts.containerDir(), Address: opts.Address, SocketDir: opts.socketDir(), Log: log,
+	})
+	if err != nil {
+		return nil, err
+	}
 	for name, rt := range opts.Runtimes {
 		if rt.Mode() != config.SandboxModeTask {
 			continue
 		}
-		a, err := runtimeOptions(name, rt, opts.StateDir, opts.SystemdCgroup)
-		if err != nil {
-			return nil, err
-		}
-		taskOpts[name] = a
 		if opts.PauseBinary == "" {
 			p, err := ResolveShim("shim-runc")
 			if err != nil {
@@ -217,9 +218,9 @@ func New(opts Options, st *store.Store, net *network.Manager, log *slog.Logger) 
 	}
 	bg, stop := context.WithCancel(context.Background())
 	c := &Controller{opts: opts, store: st, net: net, log: log, bg: bg, stopBG: stop, sandboxes: map[string]*sandbox{},
-		exits: make(chan string, sandboxExitBuffer), spares: newSpareSet(opts.Runtimes), taskOpts: taskOpts, ios: map[string]*taskIO{}}
-	if len(taskOpts) > 0 {
-		if err := c.serveEvents(); err != nil {
+		exits: make(chan string, sandboxExitBuffer), spares: newSpareSet(opts.Runtimes), tasks: tasks}
+	if tasks.Handlers() > 0 {
+		if c.events, err = tasks.ServeEvents(bg, opts.eventsSocket()); err != nil {
 			stop()
 			return nil, err
 		}
@@ -251,6 +252,9 @@ func (o Options) bundleRoot() string { return filepath.Join(o.StateDir, "sandbox
 func (o Options) socketDir() string  { return filepath.Join(o.StateDir, "s") }
 func (o Options) netnsDir() string   { return filepath.Join(o.StateDir, "netns") }
 
+// eventsSocket is the ttrpc address task-only shims publish their task events to.
+func (o Options) eventsSocket() string { return filepath.Join(o.StateDir, "events.sock") }
+
 // HasHandler reports whether a runtime handler is configured.
 func (c *Controller) HasHandler(name string) bool {
 	_, ok := c.opts.Runtimes[name]
@@ -268,7 +272,7 @@ func (c *Controller) call(rec *record) shimCall {
 	}
 	if rec.Mode == config.SandboxModeTask {
 		call.events = c.opts.eventsSocket()
-		call.options = c.taskOpts[rec.Handler]
+		call.options = c.tasks.Options(rec.Handler)
 		_, call.legacy = c.legacyStart.Load(rec.Handler)
 	}
 	return call
@@ -294,7 +298,7 @@ func (c *Controller) startShimProcess(ctx context.Context, rec *record) (string,
 	if err != nil || rec.Mode != config.SandboxModeTask {
 		return addr, version, err
 	}
-	if err := writeBootstrap(rec.Bundle, addr, version); err != nil {
+	if err := tasksandbox.WriteBootstrap(rec.Bundle, addr, version); err != nil {
 		return "", 0, fmt.Errorf("record the address of shim %s: %w", rec.ID, err)
 	}
 	return addr, version, nil
@@ -520,7 +524,7 @@ func (c *Controller) startShim(ctx context.Context, sb *sandbox, spec Spec, adop
 		}
 	}
 	if sb.isTaskOnly() {
-		if err := raisePauseOOMScore(sb.rec.Bundle, sb.shimPid); err != nil {
+		if err := tasksandbox.RaisePauseOOMScore(sb.rec.Bundle, sb.shimPid); err != nil {
 			return fmt.Errorf("pause container of pod %s: %w", spec.ID, err)
 		}
 	}
@@ -567,12 +571,13 @@ func (c *Controller) startShim(ctx context.Context, sb *sandbox, spec Spec, adop
 	return nil
 }
 
-// connect dials the shim of sb and records its pid. A task-only shim's sandbox API is
-// crisp's own taskSandbox on top of its task API.
+// connect dials the shim of sb and records its pid. Here the controller chooses the
+// pod's sandboxer by its handler's mode: crisp's shim serves the sandbox API itself; a
+// task-only shim's sandbox API is tasksandbox's, on top of the shim's task API.
 func (c *Controller) connect(ctx context.Context, sb *sandbox) error {
 	var copts []ttrpc.ClientOpts
 	if sb.rec.TaskAPI == 2 {
-		copts = append(copts, ttrpc.WithUnaryClientInterceptor(taskV2))
+		copts = append(copts, ttrpc.WithUnaryClientInterceptor(tasksandbox.TaskV2))
 	}
 	client, err := dialShim(ctx, sb.rec.Address, copts, func() {
 		sb.mu.Lock()
@@ -591,9 +596,9 @@ func (c *Controller) connect(ctx context.Context, sb *sandbox) error {
 	sb.svc = sandboxapi.NewTTRPCSandboxClient(client)
 	if sb.isTaskOnly() {
 		tc := taskapi.NewTTRPCTaskClient(client)
-		sb.svc = &taskSandbox{tc: tc, opts: c.taskOpts[sb.rec.Handler], created: sb.rec.CreatedAt, version: taskVersion(sb.rec.TaskAPI)}
+		sb.svc = c.tasks.Sandbox(tc, sb.rec.Handler, sb.rec.CreatedAt, taskVersion(sb.rec.TaskAPI))
 		if sb.shimPid == 0 {
-			sb.shimPid = taskShimPid(ctx, tc, sb.rec)
+			sb.shimPid = tasksandbox.ShimPid(ctx, tc, sb.rec.ID, sb.rec.Bundle)
 		}
 	}
 	sb.shimDead = false
@@ -814,7 +819,7 @@ func (c *Controller) teardown(ctx context.Context, sb *sandbox, timeout time.Dur
 	if sb.rec.Address != "" {
 		_ = os.Remove(trimUnix(sb.rec.Address))
 	} else if sb.isTaskOnly() {
-		c.removeShimSockets(&sb.rec)
+		c.tasks.RemoveShimSockets(c.taskPod(sb))
 	}
 	if err := os.RemoveAll(sb.rec.Bundle); err != nil {
 		return fmt.Errorf("remove bundle of pod %s: %w", sb.rec.ID, err)

@@ -122,7 +122,7 @@ func (c *Controller) cleanDeadShim(ctx context.Context, sb *sandbox) error {
 // deleteWithShim runs the shim's delete command for everything of sb's pod.
 func (c *Controller) deleteWithShim(ctx context.Context, sb *sandbox) error {
 	if sb.isTaskOnly() {
-		return c.cleanDeadTaskShim(ctx, sb)
+		return c.tasks.CleanDeadShim(ctx, c.taskPod(sb))
 	}
 	_, err := c.call(&sb.rec).delete(ctx)
 	return err

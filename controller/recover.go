@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/crisp-runtime/crisp/metrics"
+	"github.com/crisp-runtime/crisp/tasksandbox"
 )
 
 // Recover loads every sandbox record and reconnects to its shim. A sandbox whose
@@ -52,7 +53,7 @@ func (c *Controller) Recover(ctx context.Context) ([]string, error) {
 				// its address, criserver a task-only shim's start answer.
 				if data, err := os.ReadFile(filepath.Join(r.Bundle, "shim.address")); err == nil {
 					sb.rec.Address = strings.TrimSpace(string(data))
-				} else if addr, version, ok := readBootstrap(r.Bundle); ok {
+				} else if addr, version, ok := tasksandbox.ReadBootstrap(r.Bundle); ok {
 					sb.rec.Address, sb.rec.TaskAPI = addr, version
 				}
 			}

@@ -160,3 +160,32 @@ func TestResolveShim(t *testing.T) {
 		})
 	}
 }
+
+// A task-only shim criserver never heard from is found by its -id and working
+// directory, never by the id alone, and never as a start or delete.
+func TestFindShim(t *testing.T) {
+	bundle := t.TempDir()
+	id := fmt.Sprintf("pod-%d", os.Getpid())
+	start := func(dir string, args ...string) *exec.Cmd {
+		cmd := exec.Command("sh", append([]string{"-c", "sleep 30"}, args...)...)
+		cmd.Dir = dir
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		return cmd
+	}
+	start(t.TempDir(), "-id", id)                        // elsewhere
+	start(bundle, "-id", id, "-bundle", bundle, "start") // a start
+	if pid := findShim(bundle, id); pid != 0 {
+		t.Errorf("found %d, want none yet", pid)
+	}
+	shim := start(bundle, "-namespace", "k8s.io", "-id", id, "-address", "")
+	deadline := time.Now().Add(5 * time.Second)
+	for findShim(bundle, id) != shim.Process.Pid && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if pid := findShim(bundle, id); pid != shim.Process.Pid {
+		t.Errorf("found %d, want the shim %d", pid, shim.Process.Pid)
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/ttrpc"
 
 	"github.com/crisp-runtime/crisp/config"
+	"github.com/crisp-runtime/crisp/tasksandbox"
 )
 
 // A warm spare is a shim started, exactly as Create would start it for a pod, before
@@ -388,14 +389,11 @@ func (c *Controller) startSpare(handler string, rt config.Runtime) error {
 		return fail(fmt.Errorf("mark warm spare %s: %w", id, err))
 	}
 	if sb.isTaskOnly() {
-		// containerd's shims read the bundle's spec at start (for the pod they group
-		// by, which a spare has none of) and log to a FIFO someone must read.
-		if err := os.WriteFile(filepath.Join(sb.rec.Bundle, "config.json"), []byte("{}"), 0o600); err != nil {
-			return fail(fmt.Errorf("spec of warm spare %s: %w", id, err))
+		l, err := c.tasks.PrepareSpare(c.taskPod(sb))
+		if err != nil {
+			return fail(err)
 		}
-		if err := c.openShimLog(sb, true); err != nil {
-			return fail(fmt.Errorf("warm spare %s: %w", id, err))
-		}
+		sb.setShimLog(l)
 	}
 	ctx, cancel := context.WithTimeout(c.bg, c.opts.ShimStartTimeout)
 	defer cancel()
@@ -444,7 +442,7 @@ func (c *Controller) retireSpare(sb *sandbox) {
 	if addr == "" {
 		if data, err := os.ReadFile(filepath.Join(bundle, "shim.address")); err == nil {
 			addr = strings.TrimSpace(string(data))
-		} else if a, _, ok := readBootstrap(bundle); ok {
+		} else if a, _, ok := tasksandbox.ReadBootstrap(bundle); ok {
 			addr = a
 		}
 	}
@@ -470,7 +468,7 @@ func (c *Controller) retireSpare(sb *sandbox) {
 	if addr != "" {
 		_ = os.Remove(trimUnix(addr))
 	} else if sb.isTaskOnly() {
-		c.removeShimSockets(&sb.rec)
+		c.tasks.RemoveShimSockets(c.taskPod(sb))
 	}
 	if err := os.RemoveAll(bundle); err != nil {
 		c.log.Error("remove bundle of warm spare shim", "pod", id, "err", err)

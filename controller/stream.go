@@ -28,8 +28,8 @@ func (c *Controller) CloseIO(ctx context.Context, sandboxID, id, execID string) 
 	if err != nil {
 		return err
 	}
-	if t := c.taskIO(id); t != nil && execID == "" {
-		t.closeStdin()
+	if t := c.tasks.IO(id); t != nil && execID == "" {
+		t.CloseStdin()
 	}
 	if _, err := tc.CloseIO(ctx, &taskapi.CloseIORequest{ID: id, ExecID: execID, Stdin: true}); err != nil {
 		return fmt.Errorf("close stdin of container %s exec %q: %w", id, execID, fromShim(err))
@@ -42,7 +42,7 @@ func (c *Controller) CloseIO(ctx context.Context, sandboxID, id, execID string) 
 // the caller closes its ends or the container exits.
 func (c *Controller) Attach(ctx context.Context, sandboxID, id, stdin, stdout, stderr string) error {
 	if c.isTaskOnly(sandboxID) {
-		return c.attachTaskOnly(sandboxID, id, stdin, stdout, stderr)
+		return c.tasks.Attach(sandboxID, id, stdin, stdout, stderr)
 	}
 	client, err := c.shimClient(sandboxID)
 	if err != nil {

@@ -1,4 +1,4 @@
-package controller
+package tasksandbox
 
 import (
 	"encoding/json"
@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
 	"github.com/crisp-runtime/crisp/crilog"
@@ -21,26 +22,26 @@ import (
 // nothing of CRI logs: criserver reads the FIFOs and writes the CRI log, as containerd
 // does. The shim holds a read end of each FIFO too (containerd's shims do), so while
 // criserver is down the container's writes block only once the pipe buffer is full,
-// and the copy resumes from the same FIFOs after a restart (see recoverTaskIO).
+// and the copy resumes from the same FIFOs after a restart (see Sandboxer.RecoverIO).
 
 // ioFile is the record in a task-only shim's container bundle from which recovery
 // resumes the copy.
 const ioFile = "io.json"
 
-// ioRecord says where a container's output goes.
-type ioRecord struct {
+// IORecord says where a container's output goes.
+type IORecord struct {
 	SandboxID string `json:"sandbox_id"`
 	LogPath   string `json:"log_path,omitempty"`
 	Terminal  bool   `json:"terminal,omitempty"`
 	Stdin     bool   `json:"stdin,omitempty"`
 }
 
-// ioDrainTimeout bounds how long the exit of a container waits for its last output
+// IODrainTimeout bounds how long the exit of a container waits for its last output
 // to reach the log.
-const ioDrainTimeout = 2 * time.Second
+const IODrainTimeout = 2 * time.Second
 
 // fifoPaths are the FIFOs of a container's stdio in its bundle; "" for none.
-func (r ioRecord) fifoPaths(bundle string) (stdin, stdout, stderr string) {
+func (r IORecord) fifoPaths(bundle string) (stdin, stdout, stderr string) {
 	if r.Stdin {
 		stdin = filepath.Join(bundle, "stdin")
 	}
@@ -52,13 +53,13 @@ func (r ioRecord) fifoPaths(bundle string) (stdin, stdout, stderr string) {
 	return stdin, stdout, stderr
 }
 
-// taskIO copies one container's output into its CRI log and to attach sessions, and
+// IO copies one container's output into its CRI log and to attach sessions, and
 // attach sessions' input into its stdin.
-type taskIO struct {
+type IO struct {
 	terminal bool
 	log      *crilog.Writer // nil without a log path: output goes to attach sessions only
 	// in is criserver's writer on the stdin FIFO, kept so stdin sees no EOF between
-	// attach sessions, until closeStdin.
+	// attach sessions, until CloseStdin.
 	inMu sync.Mutex
 	in   *os.File
 	outs []*os.File
@@ -71,9 +72,9 @@ type taskIO struct {
 	done chan struct{}
 }
 
-// newTaskIO makes the FIFOs (when create) and starts copying from them. The read ends
+// newIO makes the FIFOs (when create) and starts copying from them. The read ends
 // are open when it returns, so the shim's opens for writing never block.
-func newTaskIO(bundle string, r ioRecord, create bool, log *slog.Logger) (_ *taskIO, retErr error) {
+func newIO(bundle string, r IORecord, create bool, log *slog.Logger) (_ *IO, retErr error) {
 	if create {
 		data, err := json.Marshal(r)
 		if err != nil {
@@ -84,10 +85,10 @@ func newTaskIO(bundle string, r ioRecord, create bool, log *slog.Logger) (_ *tas
 		}
 	}
 	stdin, stdout, stderr := r.fifoPaths(bundle)
-	t := &taskIO{terminal: r.Terminal, fans: map[string]*fifoio.Fanout{}, done: make(chan struct{})}
+	t := &IO{terminal: r.Terminal, fans: map[string]*fifoio.Fanout{}, done: make(chan struct{})}
 	defer func() {
 		if retErr != nil {
-			t.close()
+			t.Close()
 		}
 	}()
 	for _, p := range []string{stdin, stdout, stderr} {
@@ -165,8 +166,8 @@ func newTaskIO(bundle string, r ioRecord, create bool, log *slog.Logger) (_ *tas
 	return t, nil
 }
 
-// wait waits up to timeout for the output to end (the shim closed its ends).
-func (t *taskIO) wait(timeout time.Duration) bool {
+// Wait waits up to timeout for the output to end (the shim closed its ends).
+func (t *IO) Wait(timeout time.Duration) bool {
 	select {
 	case <-t.done:
 		return true
@@ -175,8 +176,8 @@ func (t *taskIO) wait(timeout time.Duration) bool {
 	}
 }
 
-// close stops the copy at once; what the FIFOs still hold is lost.
-func (t *taskIO) close() {
+// Close stops the copy at once; what the FIFOs still hold is lost.
+func (t *IO) Close() {
 	for _, f := range t.outs {
 		_ = f.Close()
 	}
@@ -188,18 +189,25 @@ func (t *taskIO) close() {
 	t.inMu.Unlock()
 }
 
-// reopen has the log follow a rotation by kubelet.
-func (t *taskIO) reopen() error {
+// Reopen has the log follow a rotation by kubelet; FailedPrecondition once the
+// container's output has ended.
+func (t *IO) Reopen() error {
 	if t.log == nil {
 		return errors.New("the container has no log path")
 	}
-	return t.log.Reopen()
+	if err := t.log.Reopen(); err != nil {
+		if errors.Is(err, crilog.ErrClosed) {
+			return fmt.Errorf("the container is not running: %w", errdefs.ErrFailedPrecondition)
+		}
+		return err
+	}
+	return nil
 }
 
 // readIORecord reads a container bundle's io.json; ok is false for a container of a
 // shim that writes its log itself.
-func readIORecord(bundle string) (ioRecord, bool) {
-	var r ioRecord
+func readIORecord(bundle string) (IORecord, bool) {
+	var r IORecord
 	data, err := os.ReadFile(filepath.Join(bundle, ioFile))
 	if err != nil || json.Unmarshal(data, &r) != nil {
 		return r, false
@@ -209,7 +217,7 @@ func readIORecord(bundle string) (ioRecord, bool) {
 
 // drain copies what the output FIFOs hold without waiting for more, then ends the
 // copy: for a container whose writers left while criserver was down.
-func (t *taskIO) drain() {
+func (t *IO) drain() {
 	for _, f := range t.outs {
 		rc, err := f.SyscallConn()
 		if err != nil {
@@ -225,8 +233,8 @@ func (t *taskIO) drain() {
 			}
 		})
 	}
-	t.close()
-	t.wait(ioDrainTimeout)
+	t.Close()
+	t.Wait(IODrainTimeout)
 }
 
 // Errors of taskIO.attach.
@@ -239,7 +247,7 @@ var (
 // their reader closes them or the stream ends; the stdin FIFO is copied into the
 // container's stdin until its writers are gone. A sink that falls behind is dropped
 // without slowing the log (see fifoio.Fanout).
-func (t *taskIO) attach(stdinPath, stdoutPath, stderrPath string) (retErr error) {
+func (t *IO) attach(stdinPath, stdoutPath, stderrPath string) (retErr error) {
 	t.inMu.Lock()
 	in := t.in
 	t.inMu.Unlock()
@@ -312,11 +320,11 @@ func (t *taskIO) attach(stdinPath, stdoutPath, stderrPath string) (retErr error)
 // sessions wrote to reach it.
 const stdinDrainTimeout = time.Second
 
-// closeStdin ends the container's stdin (CloseIO, for stdin_once): criserver's writer
+// CloseStdin ends the container's stdin (CloseIO, for stdin_once): criserver's writer
 // on the FIFO goes, so that once the shim drops its own the shim's copy reads EOF. It
 // first waits, up to stdinDrainTimeout, for ended attach sessions' input to be copied
 // and for the shim to have read the FIFO empty, so that nothing a client sent is lost.
-func (t *taskIO) closeStdin() {
+func (t *IO) CloseStdin() {
 	t.inMu.Lock()
 	defer t.inMu.Unlock()
 	if t.in == nil {
@@ -327,7 +335,7 @@ func (t *taskIO) closeStdin() {
 	t.in = nil
 }
 
-func (t *taskIO) drainStdin() {
+func (t *IO) drainStdin() {
 	deadline := time.Now().Add(stdinDrainTimeout)
 	copied := make(chan struct{})
 	go func() {

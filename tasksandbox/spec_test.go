@@ -1,13 +1,9 @@
-package controller
+package tasksandbox
 
 import (
 	"context"
-	"fmt"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
-	"time"
 
 	runcoptions "github.com/containerd/containerd/api/types/runc/options"
 	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
@@ -72,7 +68,7 @@ func TestRuntimeOptions(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			a, err := runtimeOptions("h", config.Runtime{Shim: tc.shim, SandboxMode: "task", Options: tc.table}, "/run/crisp", tc.systemd)
+			a, err := RuntimeOptions("h", config.Runtime{Shim: tc.shim, SandboxMode: "task", Options: tc.table}, "/run/crisp", tc.systemd)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), "runtimes.h.options") {
 					t.Fatalf("err = %v, want %q naming the key", err, tc.wantErr)
@@ -96,26 +92,26 @@ func nsTypes(s *specs.Spec) map[specs.LinuxNamespaceType]string {
 }
 
 func TestPauseSpec(t *testing.T) {
-	base := pauseBundle{id: "p1", name: "web", namespace: "default", uid: "u1", netns: "/run/crisp/netns/p1",
-		binary: "/usr/bin/shim-runc", cgroupsPath: "/kubepods/pod1/crisp-p1", annotations: map[string]string{"a": "b", annotationSandboxID: "forged"}}
+	base := PauseBundle{ID: "p1", Name: "web", Namespace: "default", UID: "u1", NetNS: "/run/crisp/netns/p1",
+		Binary: "/usr/bin/shim-runc", CgroupsPath: "/kubepods/pod1/crisp-p1", Annotations: map[string]string{"a": "b", annotationSandboxID: "forged"}}
 	t.Run("pod namespaces", func(t *testing.T) {
 		p := base
-		p.opts = &options.SandboxOptions{Hostname: "web", Sysctls: map[string]string{"net.ipv4.ip_unprivileged_port_start": "0"}, OomScoreAdj: -998}
+		p.Options = &options.SandboxOptions{Hostname: "web", Sysctls: map[string]string{"net.ipv4.ip_unprivileged_port_start": "0"}, OomScoreAdj: -998}
 		s, err := p.spec()
 		if err != nil {
 			t.Fatal(err)
 		}
 		ns := nsTypes(s)
-		if ns[specs.NetworkNamespace] != p.netns || len(ns) != 5 {
+		if ns[specs.NetworkNamespace] != p.NetNS || len(ns) != 5 {
 			t.Errorf("namespaces %v: want the pod's netns and new mount, pid, ipc, uts", ns)
 		}
-		if s.Hostname != "web" || s.Linux.Sysctl["net.ipv4.ip_unprivileged_port_start"] != "0" || s.Linux.CgroupsPath != p.cgroupsPath {
+		if s.Hostname != "web" || s.Linux.Sysctl["net.ipv4.ip_unprivileged_port_start"] != "0" || s.Linux.CgroupsPath != p.CgroupsPath {
 			t.Errorf("hostname %q sysctls %v cgroup %q", s.Hostname, s.Linux.Sysctl, s.Linux.CgroupsPath)
 		}
 		if s.Process.Args[0] != pausePath || s.Process.User.UID != pauseUID || !s.Process.NoNewPrivileges || *s.Process.OOMScoreAdj != -998 {
 			t.Errorf("process %+v", s.Process)
 		}
-		if s.Mounts[0].Source != p.binary || s.Mounts[0].Destination != pausePath || !s.Root.Readonly {
+		if s.Mounts[0].Source != p.Binary || s.Mounts[0].Destination != pausePath || !s.Root.Readonly {
 			t.Errorf("the shim binary must be the read-only rootfs's only file: mounts %+v root %+v", s.Mounts, s.Root)
 		}
 		a := s.Annotations
@@ -125,8 +121,8 @@ func TestPauseSpec(t *testing.T) {
 	})
 	t.Run("host namespaces", func(t *testing.T) {
 		p := base
-		p.netns = ""
-		p.opts = &options.SandboxOptions{Hostname: "node", Network: options.NamespaceMode_NODE, Pid: options.NamespaceMode_NODE, Ipc: options.NamespaceMode_NODE, Uts: options.NamespaceMode_NODE}
+		p.NetNS = ""
+		p.Options = &options.SandboxOptions{Hostname: "node", Network: options.NamespaceMode_NODE, Pid: options.NamespaceMode_NODE, Ipc: options.NamespaceMode_NODE, Uts: options.NamespaceMode_NODE}
 		s, err := p.spec()
 		if err != nil {
 			t.Fatal(err)
@@ -137,7 +133,7 @@ func TestPauseSpec(t *testing.T) {
 	})
 	t.Run("user namespace refused", func(t *testing.T) {
 		p := base
-		p.opts = &options.SandboxOptions{Userns: &options.UserNamespace{}}
+		p.Options = &options.SandboxOptions{Userns: &options.UserNamespace{}}
 		if _, err := p.spec(); !errdefs.IsNotImplemented(err) {
 			t.Errorf("err = %v, want NotImplemented", err)
 		}
@@ -151,42 +147,13 @@ func TestTaskV2RewritesService(t *testing.T) {
 	} {
 		req := &ttrpc.Request{Service: tc.in, Method: "State"}
 		var got string
-		_ = taskV2(context.Background(), req, &ttrpc.Response{}, nil, func(_ context.Context, r *ttrpc.Request, _ *ttrpc.Response) error {
+		_ = TaskV2(context.Background(), req, &ttrpc.Response{}, nil, func(_ context.Context, r *ttrpc.Request, _ *ttrpc.Response) error {
 			got = r.Service
 			return nil
 		})
 		if got != tc.want {
 			t.Errorf("%s called as %s, want %s", tc.in, got, tc.want)
 		}
-	}
-}
-
-// A task-only shim criserver never heard from is found by its -id and working
-// directory, never by the id alone, and never as a start or delete.
-func TestFindShim(t *testing.T) {
-	bundle := t.TempDir()
-	id := fmt.Sprintf("pod-%d", os.Getpid())
-	start := func(dir string, args ...string) *exec.Cmd {
-		cmd := exec.Command("sh", append([]string{"-c", "sleep 30"}, args...)...)
-		cmd.Dir = dir
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-		return cmd
-	}
-	start(t.TempDir(), "-id", id)                        // elsewhere
-	start(bundle, "-id", id, "-bundle", bundle, "start") // a start
-	if pid := findShim(bundle, id); pid != 0 {
-		t.Errorf("found %d, want none yet", pid)
-	}
-	shim := start(bundle, "-namespace", "k8s.io", "-id", id, "-address", "")
-	deadline := time.Now().Add(5 * time.Second)
-	for findShim(bundle, id) != shim.Process.Pid && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if pid := findShim(bundle, id); pid != shim.Process.Pid {
-		t.Errorf("found %d, want the shim %d", pid, shim.Process.Pid)
 	}
 }
 

@@ -1,4 +1,4 @@
-package controller
+package tasksandbox
 
 import (
 	"context"
@@ -54,12 +54,12 @@ func shimEnd(t *testing.T, path string) (w, r *os.File) {
 func TestTaskIOLogAndAttach(t *testing.T) {
 	bundle := t.TempDir()
 	logPath := filepath.Join(t.TempDir(), "c.log")
-	r := ioRecord{SandboxID: "pod", LogPath: logPath, Stdin: true}
-	tio, err := newTaskIO(bundle, r, true, testLogger())
+	r := IORecord{SandboxID: "pod", LogPath: logPath, Stdin: true}
+	tio, err := newIO(bundle, r, true, testLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tio.close()
+	defer tio.Close()
 	if got, ok := readIORecord(bundle); !ok || got != r {
 		t.Fatalf("io.json = %+v %v, want %+v", got, ok, r)
 	}
@@ -117,7 +117,7 @@ func TestTaskIOLogAndAttach(t *testing.T) {
 	if string(got) != "one\ntwo\n" {
 		t.Errorf("attach session read %q", got)
 	}
-	// closeStdin waits for the ended session's input to be read, then drops
+	// CloseStdin waits for the ended session's input to be read, then drops
 	// criserver's writer: the container reads its input, then EOF.
 	var in []byte
 	go func() {
@@ -131,17 +131,17 @@ func TestTaskIOLogAndAttach(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}()
-	tio.closeStdin()
+	tio.CloseStdin()
 	if string(in) != "typed\n" {
 		t.Errorf("container stdin got %q before it was closed", in)
 	}
 	if err := tio.attach(aIn, "", ""); err == nil {
-		t.Error("attach with stdin after closeStdin succeeded")
+		t.Error("attach with stdin after CloseStdin succeeded")
 	}
 
 	outW.Close()
 	errW.Close()
-	if !tio.wait(5 * time.Second) {
+	if !tio.Wait(5 * time.Second) {
 		t.Fatal("copy did not end when the shim closed its writers")
 	}
 	lines := readLog(t, logPath)
@@ -161,8 +161,8 @@ func TestTaskIOLogAndAttach(t *testing.T) {
 func TestTaskIODrainAfterRestart(t *testing.T) {
 	bundle := t.TempDir()
 	logPath := filepath.Join(t.TempDir(), "c.log")
-	r := ioRecord{SandboxID: "pod", LogPath: logPath, Terminal: true}
-	first, err := newTaskIO(bundle, r, true, testLogger())
+	r := IORecord{SandboxID: "pod", LogPath: logPath, Terminal: true}
+	first, err := newIO(bundle, r, true, testLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,12 +171,12 @@ func TestTaskIODrainAfterRestart(t *testing.T) {
 		t.Errorf("a terminal has one output stream, got stderr FIFO %s", stderr)
 	}
 	w, _ := shimEnd(t, stdout)
-	first.close() // criserver killed
+	first.Close() // criserver killed
 	if _, err := w.WriteString("last words\n"); err != nil {
 		t.Fatal(err)
 	}
 	w.Close() // the container exited
-	again, err := newTaskIO(bundle, r, false, testLogger())
+	again, err := newIO(bundle, r, false, testLogger())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package controller
+package tasksandbox
 
 import (
 	"encoding/json"
@@ -43,20 +43,20 @@ const pauseUID = 65535
 // before the Go runtime starts when _CRISP_PAUSE=oci (see shim/pause/pause.c).
 const pausePath = "/pause"
 
-// isRuncShim reports whether a shim takes containerd.runc.v1.Options, judged by its
+// IsRuncShim reports whether a shim takes containerd.runc.v1.Options, judged by its
 // name as containerd judges by runtime_type io.containerd.runc.v2.
-func isRuncShim(shim string) bool {
+func IsRuncShim(shim string) bool {
 	return strings.Contains(filepath.Base(shim), "runc")
 }
 
-// runtimeOptions encodes a handler's [runtimes.NAME.options] table as the options
+// RuntimeOptions encodes a handler's [runtimes.NAME.options] table as the options
 // containerd would send its shim: containerd.runc.v1.Options for a runc shim,
 // runtimeoptions.v1.Options (TypeUrl, ConfigPath, ConfigBody: gVisor, Kata) for any
 // other. Keys match a field by its Go or proto name, case and underscores aside.
 // stateDir gives a runc shim's Root a default of crisp's own, not containerd's.
-func runtimeOptions(name string, rt config.Runtime, stateDir string, systemd bool) (*anypb.Any, error) {
+func RuntimeOptions(name string, rt config.Runtime, stateDir string, systemd bool) (*anypb.Any, error) {
 	var msg proto.Message = &runtimeoptions.Options{}
-	if isRuncShim(rt.Shim) {
+	if IsRuncShim(rt.Shim) {
 		// The cgroup driver follows criserver's, which kubelet's must match.
 		msg = &runcoptions.Options{Root: filepath.Join(stateDir, "runc"), SystemdCgroup: systemd}
 	}
@@ -121,28 +121,31 @@ func protoValue(f protoreflect.FieldDescriptor, v any) (protoreflect.Value, erro
 	return protoreflect.Value{}, fmt.Errorf("want a %s, got %v (%T)", f.Kind(), v, v)
 }
 
-// pauseBundle is what the pause container of a task-only shim's pod is made of.
-type pauseBundle struct {
-	id, name, namespace, uid string
-	netns                    string // "" for the host's network
-	binary                   string // crisp's shim binary, mounted at pausePath
-	cgroupsPath              string
-	annotations              map[string]string
-	opts                     *options.SandboxOptions
+// PauseBundle is what the pause container of a task-only shim's pod is made of.
+type PauseBundle struct {
+	// ID, Name, Namespace and UID are the pod's.
+	ID, Name, Namespace, UID string
+	// NetNS is the pod's network namespace; "" for the host's network.
+	NetNS string
+	// Binary is crisp's shim binary, mounted at pausePath.
+	Binary      string
+	CgroupsPath string
+	Annotations map[string]string
+	Options     *options.SandboxOptions
 }
 
 // spec is the pause container's OCI spec: the pod's namespaces, hostname, sysctls and
 // cgroup, and a process that only waits. Pods with a user namespace are refused: the
 // ID mappings would have to be set up as crisp's own shim does, which no task API
 // request carries.
-func (p pauseBundle) spec() (*specs.Spec, error) {
-	o := p.opts
+func (p PauseBundle) spec() (*specs.Spec, error) {
+	o := p.Options
 	if o.GetUserns() != nil {
-		return nil, fmt.Errorf("pod %s asks for a user namespace, which crisp does not set up through a task-only shim: %w", p.id, errdefs.ErrNotImplemented)
+		return nil, fmt.Errorf("pod %s asks for a user namespace, which crisp does not set up through a task-only shim: %w", p.ID, errdefs.ErrNotImplemented)
 	}
 	nss := []specs.LinuxNamespace{{Type: specs.MountNamespace}}
-	if p.netns != "" {
-		nss = append(nss, specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: p.netns})
+	if p.NetNS != "" {
+		nss = append(nss, specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: p.NetNS})
 	}
 	for _, ns := range []struct {
 		mode options.NamespaceMode
@@ -157,14 +160,14 @@ func (p pauseBundle) spec() (*specs.Spec, error) {
 		hostname = ""
 	}
 	annotations := map[string]string{}
-	for k, v := range p.annotations {
+	for k, v := range p.Annotations {
 		annotations[k] = v
 	}
 	annotations[annotationContainerType] = containerTypeSandbox
-	annotations[annotationSandboxID] = p.id
-	annotations[annotationSandboxName] = p.name
-	annotations[annotationSandboxNamespace] = p.namespace
-	annotations[annotationSandboxUID] = p.uid
+	annotations[annotationSandboxID] = p.ID
+	annotations[annotationSandboxName] = p.Name
+	annotations[annotationSandboxNamespace] = p.Namespace
+	annotations[annotationSandboxUID] = p.UID
 	oom := int(o.GetOomScoreAdj())
 	shares := uint64(2)
 	return &specs.Spec{
@@ -181,7 +184,7 @@ func (p pauseBundle) spec() (*specs.Spec, error) {
 		Root:     &specs.Root{Path: "rootfs", Readonly: true},
 		Hostname: hostname,
 		Mounts: []specs.Mount{
-			{Destination: pausePath, Type: "bind", Source: p.binary, Options: []string{"rbind", "ro", "nosuid", "nodev"}},
+			{Destination: pausePath, Type: "bind", Source: p.Binary, Options: []string{"rbind", "ro", "nosuid", "nodev"}},
 			// runc's init reads /proc (cap_last_cap) after entering the rootfs.
 			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
 			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
@@ -190,7 +193,7 @@ func (p pauseBundle) spec() (*specs.Spec, error) {
 		Linux: &specs.Linux{
 			Namespaces:  nss,
 			Sysctl:      o.GetSysctls(),
-			CgroupsPath: p.cgroupsPath,
+			CgroupsPath: p.CgroupsPath,
 			// CPU shares 2, as containerd gives its pause: it must not weigh in the
 			// pod's share of the CPU (runc converts shares to a v2 weight).
 			Resources: &specs.LinuxResources{
@@ -203,30 +206,30 @@ func (p pauseBundle) spec() (*specs.Spec, error) {
 	}, nil
 }
 
-// write puts config.json and an empty rootfs into bundle.
-func (p pauseBundle) write(bundle string) error {
+// Write puts config.json and an empty rootfs into bundle.
+func (p PauseBundle) Write(bundle string) error {
 	s, err := p.spec()
 	if err != nil {
 		return err
 	}
 	data, err := json.Marshal(s)
 	if err != nil {
-		return fmt.Errorf("encode pause spec of pod %s: %w", p.id, err)
+		return fmt.Errorf("encode pause spec of pod %s: %w", p.ID, err)
 	}
 	if err := os.MkdirAll(filepath.Join(bundle, "rootfs"), 0o711); err != nil {
-		return fmt.Errorf("create pause rootfs of pod %s: %w", p.id, err)
+		return fmt.Errorf("create pause rootfs of pod %s: %w", p.ID, err)
 	}
 	if err := os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600); err != nil {
-		return fmt.Errorf("write pause spec of pod %s: %w", p.id, err)
+		return fmt.Errorf("write pause spec of pod %s: %w", p.ID, err)
 	}
 	return nil
 }
 
-// raisePauseOOMScore raises the pause container's oom_score_adj to its shim's own when
+// RaisePauseOOMScore raises the pause container's oom_score_adj to its shim's own when
 // it asks for less: runc writes it from the shim's process tree, and lowering a score
 // needs CAP_SYS_RESOURCE (crisp's own shim clamps it the same way). The shim is
 // started by then; it reads the spec again at task Create.
-func raisePauseOOMScore(bundle string, shimPid int) error {
+func RaisePauseOOMScore(bundle string, shimPid int) error {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", shimPid))
 	if err != nil {
 		return nil // the shim is gone: Create fails anyway
