@@ -36,6 +36,7 @@ func (c *Controller) taskPod(sb *sandbox) tasksandbox.Pod {
 // shimBinary runs `shim delete` for any task of a task-only shim's pod.
 type shimBinary struct{ call shimCall }
 
+// Delete runs `shim delete` for task id with its bundle.
 func (b shimBinary) Delete(ctx context.Context, id, bundle string) error {
 	b.call.id, b.call.bundle = id, bundle
 	_, err := b.call.delete(ctx)

@@ -25,7 +25,8 @@ type Config struct {
 	// Address is criserver's own address and SocketDir the directory it gives shims
 	// for their sockets: runtime-v2 shims name their socket after both.
 	Address, SocketDir string
-	Log                *slog.Logger
+	// Log receives the shims' own log lines and what the sandboxer cleans up.
+	Log *slog.Logger
 }
 
 // Sandboxer is the task-only sandboxer: the runtime options of each task-only handler
