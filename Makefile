@@ -25,7 +25,7 @@ SHIMBUILD := CGO_ENABLED=1 $(GO) build -trimpath -tags '$(TAGS) osusergo netgo' 
 	-ldflags '$(LDFLAGS) -linkmode external -extldflags -static'
 DEPS      := busybox-static containernetworking-plugins libseccomp-dev libc6-dev iproute2 iptables gcc make
 
-.PHONY: all build criserver shim install run test test-node unit e2e deps criu lint clean bench chaos containerd gvisor deb
+.PHONY: all build criserver shim install run test test-node unit e2e deps criu lint clean bench chaos containerd gvisor deb critest critest-containerd
 
 all: build
 
@@ -78,6 +78,25 @@ criu:
 # no-op when the cached binaries are there.
 containerd:
 	hack/containerd.sh
+
+# critest builds cri-tools' CRI validation suite (hack/critest.sh) into
+# /var/cache/crisp/critest-v1.36.0 (CRITEST_CACHE); a no-op when the cached binary is there.
+critest:
+	hack/critest.sh
+
+# critest-containerd runs critest through containerd 2.4.2 once per runtime handler
+# (runc, crisp-pod, crisp-shim; root, ~TIME) and fails when a spec that passes on runc
+# does not pass on crisp's handlers (e2e/containerd_critest_test.go). critest's output and
+# JSON reports go to CRITEST_OUT; CRITEST_HANDLERS and CRITEST_FOCUS (a ginkgo regexp)
+# narrow the run.
+CRITEST_OUT      ?= $(BINDIR)/critest
+CRITEST_HANDLERS ?= runc crisp-pod crisp-shim
+CRITEST_FOCUS    ?=
+critest-containerd: deps containerd critest
+	CRISP_CRITEST=1 CRISP_CRITEST_OUT='$(abspath $(CRITEST_OUT))' \
+		CRISP_CRITEST_HANDLERS='$(CRITEST_HANDLERS)' CRISP_CRITEST_FOCUS='$(CRITEST_FOCUS)' \
+		CGO_ENABLED=1 $(GO) test -tags '$(TAGS)' -count=1 -p 1 -timeout 120m \
+		-run '^TestE2EContainerdCritest$$' -v ./e2e/
 
 # gvisor builds runsc and containerd-shim-runsc-v1 (hack/gvisor.sh, one documented
 # patch) into /var/cache/crisp/gvisor-<version> (GVISOR_CACHE) for e2e/gvisor_test.go;
