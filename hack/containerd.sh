@@ -33,11 +33,15 @@ if ! command -v runc >/dev/null; then
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq runc >/dev/null
 fi
 
+# The outputs are read whole before grep: with pipefail, `cmd | grep -q` fails whenever
+# grep exits at the first match before cmd wrote its last line (runc --version writes
+# four), and the cache would be rebuilt and overwritten under running tests.
 have() {
-	[ -x "$BIN/containerd" ] && [ -x "$BIN/containerd-shim-runc-v2" ] &&
-		"$BIN/containerd" --version 2>/dev/null | grep -q " v$VERSION " &&
-		"$BIN/containerd-shim-runc-v2" -v 2>/dev/null | grep -q "v$VERSION" &&
-		[ -x "$BIN/runc" ] && "$BIN/runc" --version 2>/dev/null | grep -q "^runc version $RUNC_VERSION$"
+	local out
+	[ -x "$BIN/containerd" ] && [ -x "$BIN/containerd-shim-runc-v2" ] && [ -x "$BIN/runc" ] || return 1
+	out=$("$BIN/containerd" --version 2>/dev/null) && grep -q " v$VERSION " <<<"$out" || return 1
+	out=$("$BIN/containerd-shim-runc-v2" -v 2>/dev/null) && grep -q "v$VERSION" <<<"$out" || return 1
+	out=$("$BIN/runc" --version 2>/dev/null) && grep -q "^runc version $RUNC_VERSION$" <<<"$out"
 }
 if have; then
 	exit 0
