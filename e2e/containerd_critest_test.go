@@ -28,6 +28,9 @@ var critestSkips = []struct{ spec, why string }{
 	{"public image with digest should be pulled and removed",
 		"the reference pins upstream's manifest digest (gcr.io/k8s-staging-cri-tools/test-image-digest@sha256:9700f9a2...), " +
 			"which no locally built image can have, and there is no internet"},
+	{"runtime should support MaskedPaths",
+		"it expects sh to exec the masked /bin/ls and fail with EACCES; the stand-in busybox is Debian's " +
+			"busybox-static, whose sh runs applets in-process (FEATURE_SH_STANDALONE), so ls never reads /bin/ls"},
 }
 
 // critestUpstreams are the registries critest pulls from; each gets a hosts.toml that
@@ -169,6 +172,12 @@ func sortedSpecs(res map[string]critestSpec) []string {
 // critest on handler and returns its specs by name.
 func runCritest(t *testing.T, critest, handler string, images map[string]v1.Image, out string) map[string]critestSpec {
 	c := newContainerd(t)
+	// The harness's directory is MkdirTemp's 0700; the mapped root of a user-namespaced
+	// pod could not reach its rootfs below it (runc: remount-propagation ... permission
+	// denied). containerd's own state dirs are 0711, as /run/containerd is.
+	if err := os.Chmod(c.dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
 	host := imagetest.StartRegistry(t)
 	for ref, img := range images {
 		imagetest.Push(t, host, ref, img)
@@ -286,6 +295,20 @@ func (c *ctrd) addPortmap(t *testing.T) {
 	}
 }
 
+// pause39 is imagetest's pause image with a label of its own, so that its image ID
+// differs from the harness's sandbox image.
+func pause39(t *testing.T) v1.Image {
+	t.Helper()
+	layers, err := imagetest.PauseImage(t).Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return imagetest.NewImage(t, imagetest.ImageOptions{Config: v1.Config{
+		Entrypoint: []string{"/pause"},
+		Labels:     map[string]string{"org.opencontainers.image.version": "3.9"},
+	}}, layers...)
+}
+
 // ipcsScript stands in for busybox's `ipcs -m`, which upstream's busybox image has and
 // Debian's busybox-static lacks: the shared memory segments of the container's IPC
 // namespace, from /proc/sysvipc/shm, in ipcs's columns (the host IPC specs look for
@@ -297,6 +320,48 @@ tail -n +2 /proc/sysvipc/shm | while read key shmid perms size cpid lpid nattch 
 	printf '%-10s %-10s %-10s %-10s %-10s %-10s\n' "$key" "$shmid" "$uid" "$perms" "$size" "$nattch"
 done
 `
+
+// pgrepScript stands in for busybox's `pgrep NAME` (missing in busybox-static too): the
+// pids of the processes named NAME; critest checks with it that a timed-out exec's
+// process is gone.
+const pgrepScript = `#!/bin/sh
+found=1
+for d in /proc/[0-9]*; do
+	if [ "$(cat "$d/comm" 2>/dev/null)" = "$1" ]; then
+		echo "${d#/proc/}"
+		found=0
+	fi
+done
+exit $found
+`
+
+// nnpSource is Kubernetes' test/images/nonewprivs/nnp.c: installed setuid root, it
+// shows whether no_new_privs kept the caller's uid.
+const nnpSource = `#include <stdio.h>
+#include <unistd.h>
+int main(void) {
+	printf("Effective uid: %d\n", geteuid());
+	return 0;
+}
+`
+
+// staticBinary compiles C source with gcc -static, as imagetest.PauseImage does pause.
+func staticBinary(t *testing.T, name, source string) []byte {
+	t.Helper()
+	dir := t.TempDir()
+	src, out := filepath.Join(dir, name+".c"), filepath.Join(dir, name)
+	if err := os.WriteFile(src, []byte(source), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := exec.Command("gcc", "-static", "-Os", "-s", "-o", out, src).CombinedOutput(); err != nil {
+		t.Fatalf("build %s: %v\n%s", name, err, b)
+	}
+	bin, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
 
 // shmSegments returns the ids of the host's System V shared memory segments.
 func shmSegments() map[string]bool {
@@ -322,6 +387,10 @@ func shmSegments() map[string]bool {
 //     (12003 for hostnet-nginx, its default.conf's port) run by a shell script named
 //     nginx, so that `pidof nginx` finds it, which writes /var/run/nginx.pid and carries
 //     "master process" in its arguments as nginx's process title does.
+//   - e2e-test-images/nonewprivs:1.3: Kubernetes' nnp, setuid root, printing its
+//     effective uid.
+//   - pause:3.9: imagetest's pause, labelled so that it is not the harness's sandbox
+//     image (critest counts the tags of the image it pulled from both registries).
 //   - e2e-test-images/httpd:2.4.39-4: busybox's httpd on port 80 that logs a line
 //     naming httpd to stdout.
 func critestImages(t *testing.T) map[string]v1.Image {
@@ -334,9 +403,15 @@ func critestImages(t *testing.T) map[string]v1.Image {
 		group = "root:x:0:\ndaemon:x:1:\nwww-data:x:33:\nnogroup:x:65534:\n"
 		path  = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	)
+	// Upstream's busybox links its applets to /bin/busybox with hard links: a path masked
+	// or made read-only is then the applet's own file, not the busybox a symlink leads to.
 	var base []imagetest.TarEntry
 	for _, e := range imagetest.BusyboxEntries(t) {
-		if e.Name != "etc/passwd" && e.Name != "etc/group" {
+		switch {
+		case e.Name == "etc/passwd" || e.Name == "etc/group":
+		case e.Type == imagetest.TypeSymlink && e.Link == "busybox":
+			base = append(base, imagetest.Hardlink(e.Name, "bin/busybox"))
+		default:
 			base = append(base, e)
 		}
 	}
@@ -344,7 +419,8 @@ func critestImages(t *testing.T) map[string]v1.Image {
 		imagetest.File("etc/passwd", passwd), imagetest.File("etc/group", group),
 		imagetest.Dir("var"), imagetest.Dir("var/run"), imagetest.Dir("home"),
 		imagetest.Dir("usr"), imagetest.Dir("usr/bin"),
-		imagetest.Executable("usr/bin/ipcs", []byte(ipcsScript)))
+		imagetest.Executable("usr/bin/ipcs", []byte(ipcsScript)),
+		imagetest.Executable("usr/bin/pgrep", []byte(pgrepScript)))
 	baseLayer := imagetest.NewLayer(t, imagetest.OCI, imagetest.Gzip, base...)
 	image := func(cfg v1.Config, extra ...imagetest.TarEntry) v1.Image {
 		cfg.Env = append([]string{path}, cfg.Env...)
@@ -373,8 +449,11 @@ wait
 	}
 	const stg = "k8s-staging-cri-tools/"
 	imgs := map[string]v1.Image{
-		"e2e-test-images/busybox:1.29-2":   image(v1.Config{}),
-		"pause:3.9":                        imagetest.PauseImage(t),
+		"e2e-test-images/busybox:1.29-2": image(v1.Config{}),
+		"pause:3.9":                      pause39(t),
+		"e2e-test-images/nonewprivs:1.3": image(v1.Config{Cmd: []string{"/usr/local/bin/nnp"}},
+			imagetest.Dir("usr/local"), imagetest.Dir("usr/local/bin"),
+			imagetest.TarEntry{Type: imagetest.TypeFile, Name: "usr/local/bin/nnp", Body: staticBinary(t, "nnp", nnpSource), Mode: 0o4755}),
 		"e2e-test-images/nginx:1.14-2":     nginx(80),
 		stg + "hostnet-nginx-amd64:latest": nginx(12003),
 		"e2e-test-images/httpd:2.4.39-4": image(v1.Config{Cmd: []string{"httpd-foreground"}},

@@ -19,8 +19,12 @@ BIN=$CACHE/bin
 MOD=sigs.k8s.io/cri-tools
 
 export PATH="$PATH:/usr/local/go/bin"
+# The output is read whole before grep: with pipefail, `cmd | grep -q` fails when grep
+# exits before cmd wrote its last line.
 have() {
-	[ -x "$BIN/critest" ] && "$BIN/critest" --version 2>/dev/null | grep -q "^critest version: $VERSION$"
+	local out
+	[ -x "$BIN/critest" ] && out=$("$BIN/critest" --version 2>/dev/null) &&
+		grep -q "^critest version: $VERSION$" <<<"$out"
 }
 if have; then
 	exit 0
