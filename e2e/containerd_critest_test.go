@@ -75,11 +75,11 @@ func TestE2EContainerdCritest(t *testing.T) {
 			res := runCritest(t, critest, h, images, out)
 			results[h] = res
 			n := critestCount(res)
-			t.Logf("critest on %s: %d passed, %d failed, %d skipped in %v", h, n["passed"], n["failed"],
-				n["skipped"], time.Since(start).Round(time.Second))
+			t.Logf("critest on %s: %d passed, %d failed, %d skipped, %d excluded (--ginkgo.skip), %d not selected (benchmarks, focus) in %v",
+				h, n["passed"], n["failed"], n["skipped"], n["excluded"], n["not selected"], time.Since(start).Round(time.Second))
 			for _, name := range sortedSpecs(res) {
-				if s := res[name]; s.State != "passed" {
-					t.Logf("  %s: %s\n      %s", s.State, name, s.reason())
+				if k := res[name].kind(); k != "passed" && k != "not selected" {
+					t.Logf("  %s: %s\n      %s", k, name, res[name].reason())
 				}
 			}
 		})
@@ -95,16 +95,18 @@ func TestE2EContainerdCritest(t *testing.T) {
 			continue
 		}
 		for _, name := range sortedSpecs(base) {
-			if base[name].State != "passed" {
+			if base[name].kind() != "passed" {
 				continue
 			}
-			if s := res[name]; s.State != "passed" {
-				t.Errorf("%s: passes on runc, %s here: %s\n      %s", h, orNone(s.State), name, s.reason())
+			if s, ok := res[name]; !ok {
+				t.Errorf("%s: passes on runc, not run here: %s", h, name)
+			} else if k := s.kind(); k != "passed" {
+				t.Errorf("%s: passes on runc, %s here: %s\n      %s", h, k, name, s.reason())
 			}
 		}
 		for _, name := range sortedSpecs(res) {
-			if res[name].State == "passed" && base[name].State != "passed" {
-				t.Logf("%s: passes here, %s on runc: %s", h, orNone(base[name].State), name)
+			if res[name].kind() == "passed" && base[name].kind() != "passed" {
+				t.Logf("%s: passes here, not on runc: %s", h, name)
 			}
 		}
 	}
@@ -126,12 +128,44 @@ type critestSpec struct {
 	}
 }
 
+// kind is the spec's outcome: passed, failed (also panicked, timed out, interrupted),
+// skipped (by the spec itself, with its reason), excluded (critestSkips) or not selected
+// (critest runs no benchmark without -benchmark; CRISP_CRITEST_FOCUS).
+func (s critestSpec) kind() string {
+	switch s.State {
+	case "passed":
+		return "passed"
+	case "skipped", "pending":
+		if s.Failure.Message != "" {
+			return "skipped"
+		}
+		if s.excludedWhy() != "" {
+			return "excluded"
+		}
+		return "not selected"
+	}
+	return "failed"
+}
+
+// excludedWhy is the reason critestSkips gives for the spec, if it names it.
+func (s critestSpec) excludedWhy() string {
+	for _, x := range critestSkips {
+		if s.LeafNodeText == x.spec || strings.HasPrefix(s.LeafNodeText, x.spec+" [") {
+			return x.why
+		}
+	}
+	return ""
+}
+
 func (s critestSpec) name() string {
 	return strings.Join(append(append([]string{}, s.ContainerHierarchyTexts...), s.LeafNodeText), " ")
 }
 
 // reason is the first lines of the spec's failure or skip message and where it was.
 func (s critestSpec) reason() string {
+	if why := s.excludedWhy(); why != "" && s.State == "skipped" {
+		return why
+	}
 	msg := strings.TrimSpace(s.Failure.Message)
 	if lines := strings.Split(msg, "\n"); len(lines) > 6 {
 		msg = strings.Join(lines[:6], "\n      ") + " ..."
@@ -142,17 +176,10 @@ func (s critestSpec) reason() string {
 	return msg
 }
 
-func orNone(state string) string {
-	if state == "" {
-		return "not run"
-	}
-	return state
-}
-
 func critestCount(res map[string]critestSpec) map[string]int {
 	n := map[string]int{}
 	for _, s := range res {
-		n[s.State]++
+		n[s.kind()]++
 	}
 	return n
 }
