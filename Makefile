@@ -85,7 +85,7 @@ critest:
 	hack/critest.sh
 
 # critest-containerd runs critest through containerd 2.4.2 once per runtime handler
-# (runc, crisp-pod, crisp-shim; root, ~4 minutes) and fails when a spec that passes on runc
+# (runc, crisp-pod, crisp-shim; root, 4-5 minutes) and fails when a spec that passes on runc
 # does not pass on crisp's handlers (e2e/containerd_critest_test.go). critest's output and
 # JSON reports go to CRITEST_OUT; CRITEST_HANDLERS and CRITEST_FOCUS (a ginkgo regexp)
 # narrow the run.
