@@ -268,12 +268,18 @@ func updateResources(cur *cgroups.Resources, r *specs.LinuxResources) *cgroups.R
 	return &res
 }
 
-// mountRootfs mounts the container's rootfs at target. A container that joins a user
-// namespace (the pod's: /proc/<pause pid>/ns/user) gets idmapped layers, so that the
-// image's files, owned by root on disk, are owned by root inside the container, and
-// what it writes is stored with its in-container ids; without a user namespace the
-// layers are mounted as they are.
+// mountRootfs mounts the container's rootfs at target. Mounts with containerd's
+// uidmap=/gidmap= options (containerd's overlayfs snapshot of a user-namespaced pod)
+// are idmapped as containerd-shim-runc-v2 mounts them: containerd chose the mapping
+// and prepared the upper dir for it. Otherwise a container that joins a user
+// namespace (the pod's: /proc/<pause pid>/ns/user, as crisp's controller asks) gets
+// idmapped layers, so that the image's files, owned by root on disk, are owned by
+// root inside the container, and what it writes is stored with its in-container ids;
+// without a user namespace the layers are mounted as they are.
 func mountRootfs(spec *specs.Spec, ms []mount.Mount, target string) error {
+	if mount.Remapped(ms) {
+		return mount.All(ms, target)
+	}
 	path := ""
 	if spec.Linux != nil {
 		for _, ns := range spec.Linux.Namespaces {
