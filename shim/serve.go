@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/ttrpc"
 	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
 	"github.com/crisp-runtime/crisp/shim/events"
+	"github.com/crisp-runtime/crisp/shim/pause"
 	"github.com/crisp-runtime/crisp/shim/reaper"
 	"github.com/crisp-runtime/crisp/shim/sandbox"
 	"github.com/crisp-runtime/crisp/shim/task"
@@ -42,6 +43,10 @@ const hangupGrace = 100 * time.Millisecond
 
 // Serve runs the shim's ttrpc server on the socket inherited as fd 3 until
 // ShutdownSandbox or SIGTERM/SIGINT.
+// The shim's reaper adopts the pause process that a pause joining containerd's user
+// namespace forks (pause.Config.JoinUserNS).
+var _ pause.Adopter = (*reaper.Reaper)(nil)
+
 func Serve(ctx context.Context, f Flags, log *slog.Logger) error {
 	if f.ID == "" {
 		return errors.New("serve: -id is required")
