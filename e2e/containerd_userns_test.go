@@ -61,6 +61,68 @@ func TestE2EContainerdUserns(t *testing.T) {
 	for _, h := range ctrdHandlers {
 		t.Run(h, func(t *testing.T) { c.userns(t, h) })
 	}
+	// containerd ≥ 2.0 also runs user-namespaced pods on the host network (its
+	// runtime feature user_namespaces_host_network; kubelet's
+	// UserNamespacesHostNetworkSupport).
+	if !st.GetFeatures().GetUserNamespacesHostNetwork() {
+		t.Fatalf("containerd does not offer user namespaces on the host network: %v", st.GetFeatures())
+	}
+	for _, h := range ctrdHandlers {
+		t.Run("hostnet-"+h, func(t *testing.T) { c.usernsHostNetwork(t, h) })
+	}
+}
+
+// usernsHostNetwork: a user-namespaced pod on the host network runs in the pod's user
+// namespace (its uid_map, root inside, a writable rootfs) and in the host's network
+// namespace, and leaves nothing behind.
+func (c *ctrd) usernsHostNetwork(t *testing.T, handler string) {
+	ctx := ctxT(t)
+	before := c.leftovers()
+	pod := c.podConfig("usernshost-" + handler)
+	pod.Hostname = ""
+	pod.Linux.SecurityContext.NamespaceOptions.Network = cri.NamespaceMode_NODE
+	pod.Linux.SecurityContext.NamespaceOptions.UsernsOptions = ctrdUsernsOptions()
+	resp, err := c.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: pod, RuntimeHandler: handler})
+	if err != nil {
+		t.Fatalf("RunPodSandbox: %v", err)
+	}
+	podID := resp.PodSandboxId
+	defer func() {
+		_, _ = c.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: podID})
+		_, _ = c.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: podID})
+		c.assertClean(t, 20*time.Second, before)
+	}()
+	cfg := c.ctrConfig("usernshost", "sleep", "3600")
+	cfg.Linux.SecurityContext.NamespaceOptions = &cri.NamespaceOption{Network: cri.NamespaceMode_NODE, UsernsOptions: ctrdUsernsOptions()}
+	id, err := c.createStart(ctx, podID, pod, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex, err := c.rt.ExecSync(ctx, &cri.ExecSyncRequest{ContainerId: id, Cmd: []string{"sh", "-c", "cat /proc/self/uid_map; id -u; echo x > /written && cat /written"}, Timeout: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("0 %d %d\n0\nx\n", ctrdUsernsHost, ctrdUsernsSize)
+	if got := strings.Join(strings.Fields(string(ex.GetStdout())), " "); ex.GetExitCode() != 0 || got != strings.Join(strings.Fields(want), " ") {
+		t.Errorf("inside: exit %d, %q (stderr %q), want %q", ex.GetExitCode(), ex.GetStdout(), ex.GetStderr(), want)
+	}
+	cs, err := c.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: id, Verbose: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info struct {
+		Pid int `json:"pid"`
+	}
+	if err := json.Unmarshal([]byte(cs.GetInfo()["info"]), &info); err != nil || info.Pid <= 0 {
+		t.Fatalf("container pid from verbose status: %v %q", err, cs.GetInfo()["info"])
+	}
+	proc := fmt.Sprintf("/proc/%d/ns/", info.Pid)
+	if nsInode(t, proc+"net") != nsInode(t, "/proc/self/ns/net") {
+		t.Error("the host-network pod's container is not in the host's network namespace")
+	}
+	if nsInode(t, proc+"user") == nsInode(t, "/proc/self/ns/user") {
+		t.Error("the container is in the host's user namespace")
+	}
 }
 
 func ctrdUsernsOptions() *cri.UserNamespace {
