@@ -101,7 +101,7 @@ func buildSpec(id, netnsPath string, o *optionsv1.SandboxOptions) (podSpec, erro
 		}
 		spec.userns = &m
 		spec.joinUserNS = netnsPath != ""
-		spec.newNet = !spec.joinUserNS
+		spec.newNet = !spec.joinUserNS && o.GetNetwork() != optionsv1.NamespaceMode_NODE
 	}
 	spec.newIPC = o.GetIpc() != optionsv1.NamespaceMode_NODE
 	spec.newUTS = o.GetUts() != optionsv1.NamespaceMode_NODE
@@ -229,7 +229,8 @@ func checkSysctl(k, v string, ownNet, ownIPC, ownUTS bool) error {
 // join it: one uid and one gid range that map container id 0 and fit in 32 bits
 // (criserver checked the CRI request already; the shim is also driven by other
 // callers). The pod's network, IPC, UTS and PID namespaces all belong to it, so none
-// may be the host's. Without a netns path the pause process creates the user namespace
+// may be the host's, but for a pod on the host network, which keeps the host's network
+// and UTS namespaces. Without a netns path the pause process creates the user namespace
 // and the network namespace inside it (crisp's controller). With one, the network
 // namespace must already belong to a user namespace other than the host's, which the
 // pause process joins (containerd ≥ 2.0 creates a user-namespaced pod's netns inside a
@@ -258,8 +259,15 @@ func checkUserNS(u *optionsv1.UserNamespace, netnsPath string, o *optionsv1.Sand
 				"create it inside the pod's user namespace (as containerd does), or give none and the pause process creates it", netnsPath)
 		}
 	}
-	for name, mode := range map[string]optionsv1.NamespaceMode{"network": o.GetNetwork(), "ipc": o.GetIpc(), "uts": o.GetUts(), "pid": o.GetPid()} {
-		if mode == optionsv1.NamespaceMode_NODE {
+	// A pod on the host network (containerd ≥ 2.0 runs those with a user namespace
+	// too) keeps the host's network and UTS namespaces, which stay the host user
+	// namespace's; its IPC and PID namespaces are its own.
+	hostNet := o.GetNetwork() == optionsv1.NamespaceMode_NODE
+	if hostNet && netnsPath != "" {
+		return m, invalid("netns_path %q given with network mode NODE", netnsPath)
+	}
+	for name, mode := range map[string]optionsv1.NamespaceMode{"ipc": o.GetIpc(), "uts": o.GetUts(), "pid": o.GetPid()} {
+		if mode == optionsv1.NamespaceMode_NODE && !(name == "uts" && hostNet) {
 			return m, invalid("%s namespace mode NODE is not possible with a user namespace", name)
 		}
 	}

@@ -49,6 +49,11 @@ func TestBuildSpec(t *testing.T) {
 		{name: "userns", id: "p1", opts: &optionsv1.SandboxOptions{Userns: userns(0, 100000, 65536), Sysctls: map[string]string{"net.ipv4.ip_forward": "1"}}, wantCg: "/crisp/crisp-p1", wantFlags: [3]bool{true, true, true}},
 		{name: "userns with a netns path", id: "p1", netns: "/run/netns/x", opts: &optionsv1.SandboxOptions{Userns: userns(0, 100000, 65536)}, wantErr: true},
 		{name: "userns with host pid", id: "p1", opts: &optionsv1.SandboxOptions{Userns: userns(0, 100000, 65536), Pid: optionsv1.NamespaceMode_NODE}, wantErr: true},
+		{name: "userns with host uts", id: "p1", opts: &optionsv1.SandboxOptions{Userns: userns(0, 100000, 65536), Uts: optionsv1.NamespaceMode_NODE}, wantErr: true},
+		{name: "userns with host network and uts", id: "p1", opts: &optionsv1.SandboxOptions{Userns: userns(0, 100000, 65536),
+			Network: optionsv1.NamespaceMode_NODE, Uts: optionsv1.NamespaceMode_NODE}, wantCg: "/crisp/crisp-p1", wantFlags: [3]bool{true, false, true}},
+		{name: "userns with host network and a net sysctl", id: "p1", opts: &optionsv1.SandboxOptions{Userns: userns(0, 100000, 65536),
+			Network: optionsv1.NamespaceMode_NODE, Uts: optionsv1.NamespaceMode_NODE, Sysctls: map[string]string{"net.ipv4.ip_forward": "1"}}, wantErr: true},
 		{name: "userns not mapping 0", id: "p1", opts: &optionsv1.SandboxOptions{Userns: userns(1, 100000, 65536)}, wantErr: true},
 		{name: "userns length 0", id: "p1", opts: &optionsv1.SandboxOptions{Userns: userns(0, 100000, 0)}, wantErr: true},
 		{name: "userns overflow", id: "p1", opts: &optionsv1.SandboxOptions{Userns: userns(0, 1<<32-100, 65536)}, wantErr: true},
@@ -73,8 +78,9 @@ func TestBuildSpec(t *testing.T) {
 			if got := [3]bool{spec.newIPC, spec.newUTS, spec.newPID}; got != tt.wantFlags {
 				t.Errorf("new ipc/uts/pid = %v, want %v", got, tt.wantFlags)
 			}
-			if wantUserns := tt.opts.GetUserns() != nil; (spec.userns != nil) != wantUserns || spec.newNet != wantUserns {
-				t.Errorf("userns = %v, newNet = %v; want both set: %v", spec.userns, spec.newNet, wantUserns)
+			wantUserns := tt.opts.GetUserns() != nil
+			if wantNet := wantUserns && tt.opts.GetNetwork() != optionsv1.NamespaceMode_NODE; (spec.userns != nil) != wantUserns || spec.newNet != wantNet {
+				t.Errorf("userns = %v, newNet = %v; want userns %v, newNet %v", spec.userns, spec.newNet, wantUserns, wantNet)
 			}
 		})
 	}
