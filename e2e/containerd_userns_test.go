@@ -31,7 +31,9 @@ const (
 // files are root's inside and the rootfs is writable (idmapped lower layers, an
 // upper dir owned by the mapped root), a file the container creates in a hostPath
 // volume lands with its in-container id on the host (idmapped bind mount), and the
-// pod's network namespace belongs to the pod's user namespace.
+// pod's network namespace belongs to the pod's user namespace; the pod survives a
+// SIGKILL of containerd. A user-namespaced pod on the host network runs on every
+// handler too.
 func TestE2EContainerdUserns(t *testing.T) {
 	c := newContainerd(t)
 	// The container's root is host uid 100000: it must be able to reach its rootfs
@@ -212,6 +214,18 @@ func (c *ctrd) userns(t *testing.T, handler string) {
 	if got := run("sh", "-c", "echo hi > /written && mkdir -p /etc/x && echo y > /etc/x/f && cat /written /etc/x/f && stat -c %u:%g /written /etc/x/f"); got != "hi\ny\n0:0\n0:0" {
 		t.Errorf("rootfs write as container root: %q", got)
 	}
+	// On disk, the upper dir holds host ids, as containerd's overlayfs snapshotter
+	// prepares it (chowned to the mapped root, lower layers idmapped, upper not).
+	uppers, _ := filepath.Glob(filepath.Join(c.root, "io.containerd.snapshotter.v1.overlayfs", "snapshots", "*", "fs", "written"))
+	if len(uppers) != 1 {
+		t.Errorf("upper dir copies of /written: %v, want one", uppers)
+	}
+	for _, u := range uppers {
+		var st syscall.Stat_t
+		if err := syscall.Lstat(u, &st); err != nil || st.Uid != ctrdUsernsHost || st.Gid != ctrdUsernsHost {
+			t.Errorf("%s is %d:%d on disk (%v), want %d:%d (host ids)", u, st.Uid, st.Gid, err, ctrdUsernsHost, ctrdUsernsHost)
+		}
+	}
 	// The volume: the host's root-owned file is root's inside; what the container's
 	// root writes is owned by host uid 0, the in-container id (idmapped bind).
 	if got := run("stat", "-c", "%u:%g", "/data/hostfile"); got != "0:0" {
@@ -264,6 +278,19 @@ func (c *ctrd) userns(t *testing.T, handler string) {
 	}
 	if got := run("cat", "/sys/class/net/lo/flags"); got != "0x9" {
 		t.Errorf("lo flags %q inside, want 0x9 (up, loopback, and the pod's sysfs)", got)
+	}
+
+	// containerd killed and restarted: the pod is found again, its container runs on
+	// as the range's root.
+	c.restart(syscall.SIGKILL)
+	if ps, err := c.rt.PodSandboxStatus(ctx, &cri.PodSandboxStatusRequest{PodSandboxId: podID}); err != nil || ps.GetStatus().GetState() != cri.PodSandboxState_SANDBOX_READY {
+		t.Errorf("pod after containerd's restart: %v %v", ps.GetStatus().GetState(), err)
+	}
+	if got := run("sh", "-c", "id -u; cat /written"); got != "0\nhi" {
+		t.Errorf("after containerd's restart: %q, want 0 and the rootfs file", got)
+	}
+	if got := procStatusID(t, info.Pid, "Uid"); got != fmt.Sprint(ctrdUsernsHost) {
+		t.Errorf("container process after containerd's restart runs as host uid %s, want %d", got, ctrdUsernsHost)
 	}
 
 	if _, err := c.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: podID}); err != nil {
