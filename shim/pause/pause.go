@@ -285,10 +285,12 @@ func startJoined(ctx context.Context, cfg Config, env []string, runner Runner, e
 	pidText, ok := strings.CutPrefix(line, "pid:")
 	pid, perr := strconv.Atoi(pidText)
 	if !ok || perr != nil || pid <= 0 {
-		if err == nil {
-			err = fmt.Errorf("pause process: %s", strings.TrimSpace(line))
+		// Without a pid the starter failed: what it wrote is its error.
+		msg := strings.TrimSpace(line)
+		if msg == "" {
+			msg = fmt.Sprintf("exited without reporting (%v)", err)
 		}
-		return nil, fmt.Errorf("pause process (starter exit status %d): %w", status, err)
+		return nil, fmt.Errorf("pause process (starter exit status %d): %s", status, msg)
 	}
 	if status != 0 {
 		return nil, fmt.Errorf("pause process starter exited with status %d after forking %d", status, pid)
@@ -320,12 +322,12 @@ func startJoined(ctx context.Context, cfg Config, env []string, runner Runner, e
 	return p, nil
 }
 
-// readLine reads up to a newline, a byte at a time, so that nothing after it is
-// consumed.
+// readLine reads up to a newline (or the end: an error report has none), a byte at a
+// time, so that nothing after it is consumed.
 func readLine(r io.Reader) (string, error) {
 	var b strings.Builder
 	buf := make([]byte, 1)
-	for b.Len() < 64 {
+	for b.Len() < 4096 {
 		n, err := r.Read(buf)
 		if n == 1 {
 			if buf[0] == '\n' {

@@ -290,9 +290,41 @@ func TestStartJoinUserNS(t *testing.T) {
 		t.Errorf("pause exit after SIGTERM: %d %v, want 0", st, ok)
 	}
 
+	// The forked pause process failing after its pid was reported (an unknown sysctl)
+	// fails Start with its message, and is reaped: no pause process is left.
+	bad := cfg
+	bad.Sysctls = map[string]string{"net.ipv4.no_such_sysctl": "1"}
+	if _, err := Start(ctx, bad); err == nil || !strings.Contains(err.Error(), "net.ipv4.no_such_sysctl") {
+		t.Errorf("Start with an unknown sysctl: %v, want an error naming it", err)
+	}
+	if left := pauseChildren(t); len(left) > 0 {
+		t.Errorf("pause processes left: %v", left)
+	}
+
 	// A network namespace of the host's user namespace has no pod user namespace to
 	// join: the pause process refuses to become root of the host's.
-	if _, err := Start(ctx, Config{NetNSPath: "/proc/self/ns/net", JoinUserNS: true, NewPID: true, Runner: r}); err == nil {
-		t.Error("Start joining the user namespace of a host-owned netns succeeded")
+	if _, err := Start(ctx, Config{NetNSPath: "/proc/self/ns/net", JoinUserNS: true, NewPID: true, Runner: r}); err == nil ||
+		!strings.Contains(err.Error(), "setns to the user namespace owning /proc/self/ns/net") {
+		t.Errorf("Start joining the user namespace of a host-owned netns: %v, want the starter's setns error", err)
 	}
+}
+
+// pauseChildren lists the pids of this process's children named crisp-pause.
+func pauseChildren(t *testing.T) []string {
+	t.Helper()
+	dirs, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, d := range dirs {
+		status, err := os.ReadFile("/proc/" + d.Name() + "/status")
+		if err != nil {
+			continue
+		}
+		if strings.Contains(string(status), "Name:\tcrisp-pause\n") && strings.Contains(string(status), fmt.Sprintf("\nPPid:\t%d\n", os.Getpid())) {
+			out = append(out, d.Name())
+		}
+	}
+	return out
 }
