@@ -214,6 +214,11 @@ func (c *ctrd) userns(t *testing.T, handler string) {
 	if got := run("sh", "-c", "echo hi > /written && mkdir -p /etc/x && echo y > /etc/x/f && cat /written /etc/x/f && stat -c %u:%g /written /etc/x/f"); got != "hi\ny\n0:0\n0:0" {
 		t.Errorf("rootfs write as container root: %q", got)
 	}
+	// The pod's files and /dev/shm (the shim sandboxer's own, containerd's under
+	// podsandbox) are usable by the pod's root.
+	if got := run("sh", "-c", "echo s > /dev/shm/f && cat /dev/shm/f && cat /etc/hostname && test -s /etc/resolv.conf && grep -c localhost /etc/hosts"); got != "s\nuserns-"+handler+"\n1" && got != "s\nuserns-"+handler+"\n2" {
+		t.Errorf("/dev/shm, /etc/hostname, /etc/resolv.conf, /etc/hosts inside: %q", got)
+	}
 	// On disk, the upper dir holds host ids, as containerd's overlayfs snapshotter
 	// prepares it (chowned to the mapped root, lower layers idmapped, upper not).
 	uppers, _ := filepath.Glob(filepath.Join(c.root, "io.containerd.snapshotter.v1.overlayfs", "snapshots", "*", "fs", "written"))
