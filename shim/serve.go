@@ -41,12 +41,12 @@ const eventsFlushTimeout = 2 * time.Second
 // to close their connections before it closes them.
 const hangupGrace = 100 * time.Millisecond
 
-// Serve runs the shim's ttrpc server on the socket inherited as fd 3 until
-// ShutdownSandbox or SIGTERM/SIGINT.
 // The shim's reaper adopts the pause process that a pause joining containerd's user
 // namespace forks (pause.Config.JoinUserNS).
 var _ pause.Adopter = (*reaper.Reaper)(nil)
 
+// Serve runs the shim's ttrpc server on the socket inherited as fd 3 until
+// ShutdownSandbox or SIGTERM/SIGINT.
 func Serve(ctx context.Context, f Flags, log *slog.Logger) error {
 	if f.ID == "" {
 		return errors.New("serve: -id is required")
