@@ -290,6 +290,21 @@ func TestStartJoinUserNS(t *testing.T) {
 		t.Errorf("pause exit after SIGTERM: %d %v, want 0", st, ok)
 	}
 
+	// Without a new PID namespace nothing is forked: the started process is the pause.
+	flat, err := Start(ctx, Config{NetNSPath: netns, JoinUserNS: true, NewIPC: true, Runner: r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := nsInode(t, flat.Pid(), "user"); got != userns {
+		t.Errorf("pause without a PID namespace: user namespace %d, want %d", got, userns)
+	}
+	if nsInode(t, flat.Pid(), "pid") != nsInode(t, os.Getpid(), "pid") || ownerUserNS(t, flat.Pid(), "ipc") != userns {
+		t.Error("pause without a PID namespace: want the host's PID namespace and an IPC namespace of the pod's user namespace")
+	}
+	if err := flat.Stop(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+
 	// The forked pause process failing after its pid was reported (an unknown sysctl)
 	// fails Start with its message, and is reaped: no pause process is left.
 	bad := cfg
