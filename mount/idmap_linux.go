@@ -55,7 +55,7 @@ func AllIDMapped(ms []Mount, target string, idmap IDMap) (retErr error) {
 		var err error
 		switch {
 		case m.Type == "overlay":
-			err = mountIDMappedOverlay(m, target, userns, idmap)
+			err = mountIDMappedOverlay(m, target, userns, &idmap)
 		case isBind(m.Options):
 			err = mountIDMappedBind(m, target, userns)
 		default:
@@ -136,7 +136,13 @@ func removeStaging(staging string) error {
 	return errors.Join(errs...)
 }
 
-func mountIDMappedOverlay(m Mount, target string, userns int, idmap IDMap) error {
+// mountIDMappedOverlay mounts an overlay of idmapped lower layers on target. With
+// idmap, the directory of upperdir and workdir is idmapped too and the overlay is
+// mounted with the namespace root's filesystem ids (crisp's own snapshots store
+// in-container ids); without, upperdir and workdir are used as they are and the
+// overlay is mounted with the caller's ids (containerd's snapshots, whose upper dir is
+// owned by the mapped root and stores host ids).
+func mountIDMappedOverlay(m Mount, target string, userns int, idmap *IDMap) error {
 	flags, data := parse(m.Options)
 	var lowers []string
 	var upper, work string
@@ -180,7 +186,10 @@ func mountIDMappedOverlay(m Mount, target string, userns int, idmap IDMap) error
 		return attachStaged(fd, staging, strconv.Itoa(n))
 	}
 	opts := make([]string, 0, len(rest)+3)
-	if upper != "" {
+	if upper != "" && idmap == nil {
+		opts = append(opts, "upperdir="+upper, "workdir="+work)
+	}
+	if upper != "" && idmap != nil {
 		// overlayfs wants upperdir and workdir on one mount: clone their common parent
 		// (the snapshot directory) once.
 		parent := filepath.Dir(upper)
@@ -211,6 +220,12 @@ func mountIDMappedOverlay(m Mount, target string, userns int, idmap IDMap) error
 	// file capabilities from the effective set; they are raised again from the
 	// permitted set so that copy-up may still read any file, as with a normal overlay.
 	// The thread is never unlocked, so Go discards it afterwards.
+	if idmap == nil {
+		if err := unix.Mount("overlay", target, "overlay", flags, optString); err != nil {
+			return fmt.Errorf("mount overlay of idmapped lower layers on %s (lowers %v, upper %s): %w", target, lowers, upper, err)
+		}
+		return nil
+	}
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()

@@ -50,7 +50,9 @@ func parse(options []string) (uintptr, string) {
 	return flags, strings.Join(data, ",")
 }
 
-// All mounts ms on target in order; on failure it unmounts what it mounted.
+// All mounts ms on target in order; on failure it unmounts what it mounted. A mount
+// with containerd's uidmap= and gidmap= options is idmapped as containerd mounts it
+// (see mountRemapped).
 func All(ms []Mount, target string) (retErr error) {
 	var done int
 	defer func() {
@@ -59,6 +61,13 @@ func All(ms []Mount, target string) (retErr error) {
 		}
 	}()
 	for _, m := range ms {
+		if _, _, _, ok := remapOptions(m.Options); ok {
+			if err := mountRemapped(m, target); err != nil {
+				return err
+			}
+			done++
+			continue
+		}
 		flags, data := parse(m.Options)
 		typ := m.Type
 		if flags&unix.MS_BIND != 0 {

@@ -21,10 +21,13 @@ var featuresTypeURL = "types.containerd.io/opencontainers/runtime-spec/" + strco
 // Features is what the shim can run, as an OCI runtime features document: the one
 // `runc features` prints, made from the same libcontainer the shim runs containers
 // with. containerd 2.x reads it from -info to decide a handler's CRI features: the
-// "rro" mount option gives recursive read-only mounts. ID-mapped mounts are not
-// claimed: crisp's shim idmaps what crisp's own controller asks for, but containerd's
-// user-namespace flow through the shim is not yet tested, and claiming it would make
-// kubelet send such pods here.
+// "rro" mount option gives recursive read-only mounts, and the "user" namespace with
+// ID-mapped mounts gives user namespaces. The shim runs containerd's user-namespaced
+// pods under both sandboxers (idmapped spec mounts through libcontainer, a rootfs with
+// containerd's uidmap/gidmap options as containerd mounts it, the shim sandboxer's
+// pause joining containerd's user namespace), so it claims ID-mapped mounts as `runc
+// features` does: unconditionally, the kernel's support being the snapshotter's to
+// probe (containerd's overlayfs adds uidmap/gidmap only where the kernel idmaps).
 func Features() *features.Features {
 	t, f := true, false
 	feat := &features.Features{
@@ -39,7 +42,7 @@ func Features() *features.Features {
 			Apparmor:     &features.Apparmor{Enabled: &t},
 			Selinux:      &features.Selinux{Enabled: &f},
 			MountExtensions: &features.MountExtensions{
-				IDMap: &features.IDMap{Enabled: &f},
+				IDMap: &features.IDMap{Enabled: &t},
 			},
 		},
 	}

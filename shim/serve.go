@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/ttrpc"
 	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
 	"github.com/crisp-runtime/crisp/shim/events"
+	"github.com/crisp-runtime/crisp/shim/pause"
 	"github.com/crisp-runtime/crisp/shim/reaper"
 	"github.com/crisp-runtime/crisp/shim/sandbox"
 	"github.com/crisp-runtime/crisp/shim/task"
@@ -39,6 +40,10 @@ const eventsFlushTimeout = 2 * time.Second
 // hangupGrace is how long the shim waits, after replying to ShutdownSandbox, for clients
 // to close their connections before it closes them.
 const hangupGrace = 100 * time.Millisecond
+
+// The shim's reaper adopts the pause process that a pause joining containerd's user
+// namespace forks (pause.Config.JoinUserNS).
+var _ pause.Adopter = (*reaper.Reaper)(nil)
 
 // Serve runs the shim's ttrpc server on the socket inherited as fd 3 until
 // ShutdownSandbox or SIGTERM/SIGINT.

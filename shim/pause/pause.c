@@ -9,7 +9,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
+#include <linux/nsfs.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -43,6 +47,75 @@ static void join_netns(const char *path)
 	if (setns(fd, CLONE_NEWNET) < 0)
 		fail("setns", path, errno);
 	close(fd);
+}
+
+// join_userns_of_netns joins the user namespace that owns the network namespace at
+// path, becomes its root, and joins the network namespace. containerd creates a
+// user-namespaced pod's network namespace inside the pod's user namespace (with a
+// process it then kills), so that namespace lives on only as the owner of the netns.
+static void join_userns_of_netns(const char *path)
+{
+	int netfd = open(path, O_RDONLY | O_CLOEXEC);
+	if (netfd < 0)
+		fail("open netns", path, errno);
+	int userfd = ioctl(netfd, NS_GET_USERNS);
+	if (userfd < 0)
+		fail("NS_GET_USERNS", path, errno);
+	if (setns(userfd, CLONE_NEWUSER) < 0)
+		fail("setns to the user namespace owning", path, errno);
+	close(userfd);
+	// The shim's host ids are not mapped in the namespace; its root is (we hold every
+	// capability in it after setns). The host's supplementary groups go where the
+	// namespace allows setgroups; where it does not, they stay (unmapped, so they
+	// grant nothing inside).
+	if (setgroups(0, NULL) < 0 && errno != EPERM)
+		fail("setgroups", "", errno);
+	if (setresgid(0, 0, 0) < 0)
+		fail("setresgid", "0", errno);
+	if (setresuid(0, 0, 0) < 0)
+		fail("setresuid", "0", errno);
+	if (setns(netfd, CLONE_NEWNET) < 0)
+		fail("setns", path, errno);
+	close(netfd);
+}
+
+// unshare_and_fork creates the pod's other namespaces inside the joined user namespace
+// (so that it owns them) and, for a new PID namespace, forks its init: a sibling of this
+// process (CLONE_PARENT), so that the shim is its parent. This process reports the new
+// pid on READY_FD ("pid:N\n") and exits; the child goes on only after that, so the
+// shim always reads the pid before the child's own report.
+static void unshare_and_fork(const char *flags_env)
+{
+	char *end;
+	long flags = strtol(flags_env, &end, 10);
+	if (*end != '\0' || flags < 0 || (flags & ~(long)(CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID)) != 0)
+		fail("unshare flags", flags_env, EINVAL);
+	if (flags != 0 && unshare((int)flags) < 0)
+		fail("unshare", flags_env, errno);
+	if ((flags & CLONE_NEWPID) == 0)
+		return;
+	int sync[2];
+	if (pipe2(sync, O_CLOEXEC) < 0)
+		fail("pipe", "", errno);
+	long pid = syscall(SYS_clone, CLONE_PARENT | SIGCHLD, 0, 0, 0, 0);
+	if (pid < 0)
+		fail("clone", "pid namespace init", errno);
+	if (pid == 0) {
+		char c;
+		close(sync[1]);
+		// EOF once the parent has reported the pid and exited.
+		while (read(sync[0], &c, 1) < 0 && errno == EINTR) {
+		}
+		close(sync[0]);
+		return;
+	}
+	char msg[32];
+	int n = snprintf(msg, sizeof(msg), "pid:%ld\n", pid);
+	if (write(READY_FD, msg, n) != n) {
+		kill(pid, SIGKILL);
+		_exit(1);
+	}
+	_exit(0);
 }
 
 // write_sysctl writes one "key=value" line. The shim validated keys already; the checks
@@ -128,7 +201,11 @@ static void pause_main(void)
 
 	prctl(PR_SET_NAME, "crisp-pause", 0, 0, 0);
 	// Namespaces first: sysctls resolve against the writer's namespaces.
-	if ((v = getenv("_CRISP_NETNS")) != NULL && *v)
+	if ((v = getenv("_CRISP_USERNS_OF_NETNS")) != NULL && *v) {
+		join_userns_of_netns(v);
+		if ((v = getenv("_CRISP_UNSHARE")) != NULL && *v)
+			unshare_and_fork(v);
+	} else if ((v = getenv("_CRISP_NETNS")) != NULL && *v)
 		join_netns(v);
 	if ((v = getenv("_CRISP_HOSTNAME")) != NULL && *v)
 		if (sethostname(v, strlen(v)) < 0)

@@ -12,7 +12,9 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -27,6 +29,10 @@ const (
 	envNetNS    = "_CRISP_NETNS"
 	envHostname = "_CRISP_HOSTNAME"
 	envSysctls  = "_CRISP_SYSCTLS"
+	// envUserNSOfNetNS names a network namespace whose owning user namespace the
+	// process joins (then the netns itself); envUnshare the namespaces it then creates.
+	envUserNSOfNetNS = "_CRISP_USERNS_OF_NETNS"
+	envUnshare       = "_CRISP_UNSHARE"
 )
 
 // DefaultReadyTimeout bounds how long Start waits for the pause process to report.
@@ -37,6 +43,18 @@ const DefaultReadyTimeout = 10 * time.Second
 type Runner interface {
 	Start(*exec.Cmd) error
 	Wait(*exec.Cmd) error
+}
+
+// Adopter is a Runner that can also hand over a child the shim did not start itself
+// (the shim's reaper): the init of the pod's PID namespace when the pause process
+// joins an existing user namespace is forked by the started process, as the shim's
+// sibling-made child. Adopt is called before the start; its claim, once the pid is
+// known, reports the exit status if the child was already reaped and otherwise keeps
+// the reaper off it until Forget, after the wait; done ends the adoption.
+type Adopter interface {
+	Runner
+	Adopt() (claim func(pid int) (unix.WaitStatus, bool), done func())
+	Forget(pid int)
 }
 
 type directRunner struct{}
@@ -60,6 +78,12 @@ type Config struct {
 	// It is created first, in the same clone, so it owns every other new namespace:
 	// the pod's root can then mount sysfs and proc, and set the pod's sysctls.
 	UserNS *IDMap
+	// JoinUserNS, with NetNSPath, instead joins the user namespace that owns that
+	// network namespace (containerd creates a user-namespaced pod's netns inside the
+	// pod's user namespace) and creates the new IPC, UTS and PID namespaces inside it.
+	// The PID namespace's init is then forked by the started process; the Runner
+	// should be an Adopter, so that the shim's reaper leaves it alone.
+	JoinUserNS bool
 	// ReadyTimeout defaults to DefaultReadyTimeout.
 	ReadyTimeout time.Duration
 	// Executable defaults to /proc/self/exe, which carries the constructor.
@@ -82,8 +106,10 @@ type Range struct {
 type Process struct {
 	pid       int
 	startedAt time.Time
-	cmd       *exec.Cmd
-	done      chan struct{}
+	proc      *os.Process
+	// waitFn waits for the process and returns its state.
+	waitFn func() *os.ProcessState
+	done   chan struct{}
 
 	mu         sync.Mutex
 	exitStatus uint32
@@ -116,6 +142,9 @@ func Start(ctx context.Context, cfg Config) (*Process, error) {
 	}
 	defer r.Close()
 
+	if cfg.JoinUserNS {
+		return startJoined(ctx, cfg, env, runner, exe, timeout)
+	}
 	var flags uintptr
 	if cfg.NewIPC {
 		flags |= unix.CLONE_NEWIPC
@@ -164,8 +193,13 @@ func Start(ctx context.Context, cfg Config) (*Process, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start pause process: %w", err)
 	}
-	p := &Process{pid: cmd.Process.Pid, startedAt: time.Now(), cmd: cmd, done: make(chan struct{})}
-	go p.wait(runner)
+	p := &Process{pid: cmd.Process.Pid, startedAt: time.Now(), proc: cmd.Process, done: make(chan struct{})}
+	p.waitFn = func() *os.ProcessState {
+		// The error only repeats the exit status, which ProcessState carries.
+		_ = runner.Wait(cmd)
+		return cmd.ProcessState
+	}
+	go p.wait()
 
 	if err := readReady(ctx, r, timeout); err != nil {
 		_ = p.Signal(unix.SIGKILL)
@@ -173,6 +207,153 @@ func Start(ctx context.Context, cfg Config) (*Process, error) {
 		return nil, err
 	}
 	return p, nil
+}
+
+// startJoined starts a pause process that joins the user namespace owning
+// cfg.NetNSPath. The started process joins it and the netns, unshares the other
+// namespaces and, for a new PID namespace, forks the pause process proper (the
+// shim's child through CLONE_PARENT), reports its pid and exits.
+func startJoined(ctx context.Context, cfg Config, env []string, runner Runner, exe string, timeout time.Duration) (*Process, error) {
+	if cfg.NetNSPath == "" || cfg.NewNet || cfg.UserNS != nil {
+		return nil, errors.New("pause: joining a user namespace needs a netns path, and no new network or user namespace")
+	}
+	var flags int
+	if cfg.NewIPC {
+		flags |= unix.CLONE_NEWIPC
+	}
+	if cfg.NewUTS {
+		flags |= unix.CLONE_NEWUTS
+	}
+	if cfg.NewPID {
+		flags |= unix.CLONE_NEWPID
+	}
+	// The C code joins the netns itself, after the user namespace.
+	env = slices.DeleteFunc(env, func(e string) bool { return strings.HasPrefix(e, envNetNS+"=") })
+	env = append(env, envUserNSOfNetNS+"="+cfg.NetNSPath, envUnshare+"="+strconv.Itoa(flags))
+
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("pause ready pipe: %w", err)
+	}
+	defer r.Close()
+	adopter, _ := runner.(Adopter)
+	var adopt func(int) (unix.WaitStatus, bool)
+	if adopter != nil {
+		var done func()
+		adopt, done = adopter.Adopt()
+		defer done()
+	}
+	cmd := &exec.Cmd{
+		Path:        exe,
+		Args:        []string{"crisp-pause"},
+		Env:         env,
+		Dir:         "/",
+		ExtraFiles:  []*os.File{w},
+		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
+	}
+	err = runner.Start(cmd)
+	w.Close()
+	if err != nil {
+		return nil, fmt.Errorf("start pause process: %w", err)
+	}
+	starter := &Process{pid: cmd.Process.Pid, startedAt: time.Now(), proc: cmd.Process, done: make(chan struct{})}
+	starter.waitFn = func() *os.ProcessState {
+		_ = runner.Wait(cmd)
+		return cmd.ProcessState
+	}
+	go starter.wait()
+	if !cfg.NewPID {
+		// No fork: the started process is the pause process.
+		if err := readReady(ctx, r, timeout); err != nil {
+			_ = starter.Signal(unix.SIGKILL)
+			<-starter.done
+			return nil, err
+		}
+		return starter, nil
+	}
+
+	// "pid:N\n" from the starter, then the pause process's own report.
+	if err := r.SetReadDeadline(time.Now().Add(timeout)); err != nil {
+		return nil, fmt.Errorf("pause ready pipe deadline: %w", err)
+	}
+	line, err := readLine(r)
+	if err != nil {
+		_ = starter.Signal(unix.SIGKILL)
+	}
+	<-starter.done
+	status, _, _ := starter.Exited()
+	pidText, ok := strings.CutPrefix(line, "pid:")
+	pid, perr := strconv.Atoi(pidText)
+	if !ok || perr != nil || pid <= 0 {
+		// Without a pid the starter failed: what it wrote is its error.
+		msg := strings.TrimSpace(line)
+		if msg == "" {
+			msg = fmt.Sprintf("exited without reporting (%v)", err)
+		}
+		return nil, fmt.Errorf("pause process (starter exit status %d): %s", status, msg)
+	}
+	if status != 0 {
+		return nil, fmt.Errorf("pause process starter exited with status %d after forking %d", status, pid)
+	}
+	p := &Process{pid: pid, startedAt: time.Now(), done: make(chan struct{})}
+	if adopt != nil {
+		if ws, reaped := adopt(pid); reaped {
+			return nil, fmt.Errorf("pause process %d exited at once (%s); it said: %s", pid, describe(ws), readRest(r))
+		}
+	}
+	proc, err := os.FindProcess(pid)
+	if err != nil {
+		return nil, fmt.Errorf("pause process %d: %w", pid, err)
+	}
+	p.proc = proc
+	p.waitFn = func() *os.ProcessState {
+		st, _ := proc.Wait()
+		if adopter != nil {
+			adopter.Forget(pid)
+		}
+		return st
+	}
+	go p.wait()
+	if err := readReady(ctx, r, timeout); err != nil {
+		_ = p.Signal(unix.SIGKILL)
+		<-p.done
+		return nil, err
+	}
+	return p, nil
+}
+
+// readLine reads up to a newline (or the end: an error report has none), a byte at a
+// time, so that nothing after it is consumed.
+func readLine(r io.Reader) (string, error) {
+	var b strings.Builder
+	buf := make([]byte, 1)
+	for b.Len() < 4096 {
+		n, err := r.Read(buf)
+		if n == 1 {
+			if buf[0] == '\n' {
+				return b.String(), nil
+			}
+			b.WriteByte(buf[0])
+		}
+		if err != nil {
+			return b.String(), err
+		}
+	}
+	return b.String(), errors.New("pause process: report line too long")
+}
+
+// readRest returns what is left in the ready pipe (an error message), best effort.
+func readRest(r *os.File) string {
+	_ = r.SetReadDeadline(time.Now().Add(time.Second))
+	msg, _ := io.ReadAll(io.LimitReader(r, 4096))
+	return string(msg)
+}
+
+func describe(ws unix.WaitStatus) string {
+	if ws.Signaled() {
+		return "killed by " + ws.Signal().String()
+	}
+	return "exit status " + strconv.Itoa(ws.ExitStatus())
 }
 
 func readReady(ctx context.Context, r *os.File, timeout time.Duration) error {
@@ -230,11 +411,9 @@ func environ(cfg Config) ([]string, error) {
 	return env, nil
 }
 
-func (p *Process) wait(runner Runner) {
-	// The error only repeats the exit status, which ProcessState carries.
-	_ = runner.Wait(p.cmd)
+func (p *Process) wait() {
 	var status uint32
-	if st := p.cmd.ProcessState; st != nil {
+	if st := p.waitFn(); st != nil {
 		if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 			status = 128 + uint32(ws.Signal())
 		} else {
@@ -266,7 +445,7 @@ func (p *Process) Exited() (status uint32, at time.Time, ok bool) {
 // Signal sends sig; it is a no-op once the process has exited.
 func (p *Process) Signal(sig os.Signal) error {
 	// os.Process signals through a pidfd, so a recycled pid is never hit.
-	err := p.cmd.Process.Signal(sig)
+	err := p.proc.Signal(sig)
 	if err != nil && !errors.Is(err, os.ErrProcessDone) {
 		return fmt.Errorf("signal pause process %d: %w", p.pid, err)
 	}

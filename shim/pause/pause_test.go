@@ -3,12 +3,16 @@ package pause
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/crisp-runtime/crisp/shim/reaper"
 	"golang.org/x/sys/unix"
 )
 
@@ -189,4 +193,153 @@ func TestStartUserNS(t *testing.T) {
 	if _, err := Start(ctx, Config{NewNet: true, NetNSPath: "/proc/self/ns/net"}); err == nil {
 		t.Error("Start with NewNet and a netns path succeeded")
 	}
+}
+
+// ownerUserNS returns the inode of the user namespace owning /proc/pid/ns/kind.
+func ownerUserNS(t *testing.T, pid int, kind string) uint64 {
+	t.Helper()
+	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/%s", pid, kind), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	owner, err := unix.IoctlRetInt(fd, unix.NS_GET_USERNS)
+	if err != nil {
+		t.Fatalf("NS_GET_USERNS %s: %v", kind, err)
+	}
+	defer unix.Close(owner)
+	var st unix.Stat_t
+	if err := unix.Fstat(owner, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
+}
+
+// TestStartJoinUserNS: with JoinUserNS the pause process joins the user namespace that
+// owns the network namespace it is given (as containerd makes a user-namespaced pod's
+// netns: inside the pod's user namespace), becomes its root, and its new IPC, UTS and
+// PID namespaces belong to that user namespace; it is PID 1 of its PID namespace, a
+// child of the caller (adopted through the reaper), and stops like any pause process.
+func TestStartJoinUserNS(t *testing.T) {
+	needRoot(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r := reaper.New(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	go r.Run(ctx)
+
+	// The user namespace with its network namespace, as containerd leaves them.
+	holder := exec.Command("sleep", "60")
+	holder.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  unix.CLONE_NEWUSER | unix.CLONE_NEWNET,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 100000, Size: 65536}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 100000, Size: 65536}},
+	}
+	if err := r.Start(holder); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = holder.Process.Kill(); _ = r.Wait(holder) })
+	netns := fmt.Sprintf("/proc/%d/ns/net", holder.Process.Pid)
+
+	cfg := Config{
+		NetNSPath: netns, JoinUserNS: true,
+		NewIPC: true, NewUTS: true, NewPID: true,
+		Hostname: "joined-pause",
+		Sysctls:  map[string]string{"net.ipv4.ip_unprivileged_port_start": "80"},
+		Runner:   r,
+	}
+	p, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Stop(ctx, 0) })
+	userns := nsInode(t, holder.Process.Pid, "user")
+	if got := nsInode(t, p.Pid(), "user"); got != userns {
+		t.Errorf("pause user namespace %d, want the netns owner's %d", got, userns)
+	}
+	if got := nsInode(t, p.Pid(), "net"); got != nsInode(t, holder.Process.Pid, "net") {
+		t.Errorf("pause network namespace %d is not the given one", got)
+	}
+	for _, kind := range []string{"ipc", "uts", "pid"} {
+		if nsInode(t, p.Pid(), kind) == nsInode(t, os.Getpid(), kind) {
+			t.Errorf("pause shares the host's %s namespace", kind)
+		}
+		if got := ownerUserNS(t, p.Pid(), kind); got != userns {
+			t.Errorf("%s namespace owned by user namespace %d, want %d", kind, got, userns)
+		}
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.Pid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"\nUid:\t100000\t100000\t100000\t100000\n", "\nGid:\t100000\t100000\t100000\t100000\n",
+		fmt.Sprintf("\nNSpid:\t%d\t1\n", p.Pid()), fmt.Sprintf("\nPPid:\t%d\n", os.Getpid())} {
+		if !strings.Contains(string(status), want) {
+			t.Errorf("pause /proc/pid/status lacks %q:\n%s", want, status)
+		}
+	}
+	if got := nsenter(t, p.Pid(), "-u", "hostname"); got != cfg.Hostname {
+		t.Errorf("hostname = %q, want %q", got, cfg.Hostname)
+	}
+	if got := nsenter(t, p.Pid(), "-n", "cat", "/proc/sys/net/ipv4/ip_unprivileged_port_start"); got != "80" {
+		t.Errorf("net sysctl in pod = %q, want 80", got)
+	}
+	if err := p.Stop(ctx, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if st, _, ok := p.Exited(); !ok || st != 0 {
+		t.Errorf("pause exit after SIGTERM: %d %v, want 0", st, ok)
+	}
+
+	// Without a new PID namespace nothing is forked: the started process is the pause.
+	flat, err := Start(ctx, Config{NetNSPath: netns, JoinUserNS: true, NewIPC: true, Runner: r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := nsInode(t, flat.Pid(), "user"); got != userns {
+		t.Errorf("pause without a PID namespace: user namespace %d, want %d", got, userns)
+	}
+	if nsInode(t, flat.Pid(), "pid") != nsInode(t, os.Getpid(), "pid") || ownerUserNS(t, flat.Pid(), "ipc") != userns {
+		t.Error("pause without a PID namespace: want the host's PID namespace and an IPC namespace of the pod's user namespace")
+	}
+	if err := flat.Stop(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+
+	// The forked pause process failing after its pid was reported (an unknown sysctl)
+	// fails Start with its message, and is reaped: no pause process is left.
+	bad := cfg
+	bad.Sysctls = map[string]string{"net.ipv4.no_such_sysctl": "1"}
+	if _, err := Start(ctx, bad); err == nil || !strings.Contains(err.Error(), "net.ipv4.no_such_sysctl") {
+		t.Errorf("Start with an unknown sysctl: %v, want an error naming it", err)
+	}
+	if left := pauseChildren(t); len(left) > 0 {
+		t.Errorf("pause processes left: %v", left)
+	}
+
+	// A network namespace of the host's user namespace has no pod user namespace to
+	// join: the pause process refuses to become root of the host's.
+	if _, err := Start(ctx, Config{NetNSPath: "/proc/self/ns/net", JoinUserNS: true, NewPID: true, Runner: r}); err == nil ||
+		!strings.Contains(err.Error(), "setns to the user namespace owning /proc/self/ns/net") {
+		t.Errorf("Start joining the user namespace of a host-owned netns: %v, want the starter's setns error", err)
+	}
+}
+
+// pauseChildren lists the pids of this process's children named crisp-pause.
+func pauseChildren(t *testing.T) []string {
+	t.Helper()
+	dirs, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, d := range dirs {
+		status, err := os.ReadFile("/proc/" + d.Name() + "/status")
+		if err != nil {
+			continue
+		}
+		if strings.Contains(string(status), "Name:\tcrisp-pause\n") && strings.Contains(string(status), fmt.Sprintf("\nPPid:\t%d\n", os.Getpid())) {
+			out = append(out, d.Name())
+		}
+	}
+	return out
 }

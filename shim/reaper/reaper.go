@@ -84,6 +84,13 @@ func (r *Reaper) Claim(sub *Subscription, pid int) (unix.WaitStatus, bool) {
 	return 0, false
 }
 
+// Adopt opens a Subscription for a caller that sees the reaper only through an
+// interface of functions (the pause package): claim is Claim on it, done its Close.
+func (r *Reaper) Adopt() (claim func(pid int) (unix.WaitStatus, bool), done func()) {
+	sub := r.Subscribe()
+	return func(pid int) (unix.WaitStatus, bool) { return r.Claim(sub, pid) }, sub.Close
+}
+
 // New returns a Reaper; call Run to make it reap.
 func New(log *slog.Logger) *Reaper {
 	return &Reaper{log: log, tracked: map[int]struct{}{}, subs: map[*Subscription]struct{}{}, kick: make(chan struct{}, 1)}

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -27,10 +28,14 @@ type podSpec struct {
 	// pod's user namespace (userns pods only).
 	newNet bool
 	// userns is the pod's user namespace mapping; nil keeps the host's.
-	userns   *pause.IDMap
-	cgroup   CgroupConfig
-	oomScore int
-	modes    string // for status info: "network=pod,pid=pod,..."
+	userns *pause.IDMap
+	// joinUserNS: the pod's user namespace already exists, as the owner of the netns
+	// at netnsPath (containerd makes it so); the pause process joins it instead of
+	// creating one.
+	joinUserNS bool
+	cgroup     CgroupConfig
+	oomScore   int
+	modes      string // for status info: "network=pod,pid=pod,..."
 }
 
 const (
@@ -94,7 +99,9 @@ func buildSpec(id, netnsPath string, o *optionsv1.SandboxOptions) (podSpec, erro
 		if err != nil {
 			return spec, err
 		}
-		spec.userns, spec.newNet = &m, true
+		spec.userns = &m
+		spec.joinUserNS = netnsPath != ""
+		spec.newNet = !spec.joinUserNS && o.GetNetwork() != optionsv1.NamespaceMode_NODE
 	}
 	spec.newIPC = o.GetIpc() != optionsv1.NamespaceMode_NODE
 	spec.newUTS = o.GetUts() != optionsv1.NamespaceMode_NODE
@@ -218,13 +225,18 @@ func checkSysctl(k, v string, ownNet, ownIPC, ownUTS bool) error {
 	return nil
 }
 
-// checkUserNS validates a pod's user namespace as the pause process will create it:
-// one uid and one gid range that map container id 0 and fit in 32 bits (criserver
-// checked the CRI request already; the shim is also driven by other callers). The pod's
-// network, IPC, UTS and PID namespaces are all created inside it, so none may be the
-// host's, and the network namespace is the pause's own: one made by the caller on the
-// host would be owned by the initial user namespace, and the pod's root could then not
-// mount sysfs or change its own network settings.
+// checkUserNS validates a pod's user namespace as the pause process will create or
+// join it: one uid and one gid range that map container id 0 and fit in 32 bits
+// (criserver checked the CRI request already; the shim is also driven by other
+// callers). The pod's network, IPC, UTS and PID namespaces all belong to it, so none
+// may be the host's, but for a pod on the host network, which keeps the host's network
+// and UTS namespaces. Without a netns path the pause process creates the user namespace
+// and the network namespace inside it (crisp's controller). With one, the network
+// namespace must already belong to a user namespace other than the host's, which the
+// pause process joins (containerd ≥ 2.0 creates a user-namespaced pod's netns inside a
+// user namespace with the pod's mappings, and joins that, as its podsandbox pins it);
+// a netns of the host's user namespace would leave the pod's root unable to mount
+// sysfs or change its own network settings.
 func checkUserNS(u *optionsv1.UserNamespace, netnsPath string, o *optionsv1.SandboxOptions) (pause.IDMap, error) {
 	var m pause.IDMap
 	if len(u.GetUids()) != 1 || len(u.GetGids()) != 1 {
@@ -237,14 +249,70 @@ func checkUserNS(u *optionsv1.UserNamespace, netnsPath string, o *optionsv1.Sand
 		}
 	}
 	if netnsPath != "" {
-		return m, invalid("netns_path %q given for a pod with a user namespace: its network namespace is created by the pause process, inside the user namespace", netnsPath)
+		if err := checkNetNS(netnsPath); err != nil {
+			return m, err
+		}
+		if own, err := netnsOfOwnUserNS(netnsPath); err != nil {
+			return m, err
+		} else if own {
+			return m, invalid("netns_path %q given for a pod with a user namespace belongs to the host's user namespace: "+
+				"create it inside the pod's user namespace (as containerd does), or give none and the pause process creates it", netnsPath)
+		}
 	}
-	for name, mode := range map[string]optionsv1.NamespaceMode{"network": o.GetNetwork(), "ipc": o.GetIpc(), "uts": o.GetUts(), "pid": o.GetPid()} {
-		if mode == optionsv1.NamespaceMode_NODE {
+	// A pod on the host network (containerd ≥ 2.0 runs those with a user namespace
+	// too) keeps the host's network and UTS namespaces, which stay the host user
+	// namespace's; its IPC and PID namespaces are its own.
+	hostNet := o.GetNetwork() == optionsv1.NamespaceMode_NODE
+	if hostNet && netnsPath != "" {
+		return m, invalid("netns_path %q given with network mode NODE", netnsPath)
+	}
+	for name, mode := range map[string]optionsv1.NamespaceMode{"ipc": o.GetIpc(), "uts": o.GetUts(), "pid": o.GetPid()} {
+		if mode == optionsv1.NamespaceMode_NODE && !(name == "uts" && hostNet) {
 			return m, invalid("%s namespace mode NODE is not possible with a user namespace", name)
 		}
 	}
 	m.UID = pause.Range{HostID: u.GetUids()[0].GetHostId(), Size: u.GetUids()[0].GetSize()}
 	m.GID = pause.Range{HostID: u.GetGids()[0].GetHostId(), Size: u.GetGids()[0].GetSize()}
 	return m, nil
+}
+
+// netnsOfOwnUserNS reports whether the network namespace at path belongs to the
+// shim's own user namespace.
+func netnsOfOwnUserNS(path string) (bool, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false, invalid("netns_path %q: %v", path, err)
+	}
+	defer unix.Close(fd)
+	owner, err := unix.IoctlRetInt(fd, unix.NS_GET_USERNS)
+	if err != nil {
+		return false, invalid("netns_path %q: NS_GET_USERNS: %v", path, err)
+	}
+	defer unix.Close(owner)
+	var o, self unix.Stat_t
+	if err := unix.Fstat(owner, &o); err != nil {
+		return false, status.Errorf(codes.Internal, "netns_path %q: stat its user namespace: %v", path, err)
+	}
+	if err := unix.Stat("/proc/self/ns/user", &self); err != nil {
+		return false, status.Errorf(codes.Internal, "stat own user namespace: %v", err)
+	}
+	return o.Dev == self.Dev && o.Ino == self.Ino, nil
+}
+
+// checkIDMaps checks that process pid's user namespace maps exactly want.
+func checkIDMaps(pid int, want pause.IDMap) error {
+	for _, f := range []struct {
+		file string
+		r    pause.Range
+	}{{"uid_map", want.UID}, {"gid_map", want.GID}} {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", pid, f.file))
+		if err != nil {
+			return fmt.Errorf("cannot be read: %v", err)
+		}
+		got := strings.Join(strings.Fields(string(data)), " ")
+		if exp := fmt.Sprintf("0 %d %d", f.r.HostID, f.r.Size); got != exp {
+			return fmt.Errorf("has %s %q, the pod asks for %q", f.file, got, exp)
+		}
+	}
+	return nil
 }

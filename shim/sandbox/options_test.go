@@ -1,9 +1,16 @@
 package sandbox
 
 import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
 	"testing"
 
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
+	"github.com/crisp-runtime/crisp/shim/pause"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -42,6 +49,11 @@ func TestBuildSpec(t *testing.T) {
 		{name: "userns", id: "p1", opts: &optionsv1.SandboxOptions{Userns: userns(0, 100000, 65536), Sysctls: map[string]string{"net.ipv4.ip_forward": "1"}}, wantCg: "/crisp/crisp-p1", wantFlags: [3]bool{true, true, true}},
 		{name: "userns with a netns path", id: "p1", netns: "/run/netns/x", opts: &optionsv1.SandboxOptions{Userns: userns(0, 100000, 65536)}, wantErr: true},
 		{name: "userns with host pid", id: "p1", opts: &optionsv1.SandboxOptions{Userns: userns(0, 100000, 65536), Pid: optionsv1.NamespaceMode_NODE}, wantErr: true},
+		{name: "userns with host uts", id: "p1", opts: &optionsv1.SandboxOptions{Userns: userns(0, 100000, 65536), Uts: optionsv1.NamespaceMode_NODE}, wantErr: true},
+		{name: "userns with host network and uts", id: "p1", opts: &optionsv1.SandboxOptions{Userns: userns(0, 100000, 65536),
+			Network: optionsv1.NamespaceMode_NODE, Uts: optionsv1.NamespaceMode_NODE}, wantCg: "/crisp/crisp-p1", wantFlags: [3]bool{true, false, true}},
+		{name: "userns with host network and a net sysctl", id: "p1", opts: &optionsv1.SandboxOptions{Userns: userns(0, 100000, 65536),
+			Network: optionsv1.NamespaceMode_NODE, Uts: optionsv1.NamespaceMode_NODE, Sysctls: map[string]string{"net.ipv4.ip_forward": "1"}}, wantErr: true},
 		{name: "userns not mapping 0", id: "p1", opts: &optionsv1.SandboxOptions{Userns: userns(1, 100000, 65536)}, wantErr: true},
 		{name: "userns length 0", id: "p1", opts: &optionsv1.SandboxOptions{Userns: userns(0, 100000, 0)}, wantErr: true},
 		{name: "userns overflow", id: "p1", opts: &optionsv1.SandboxOptions{Userns: userns(0, 1<<32-100, 65536)}, wantErr: true},
@@ -66,8 +78,9 @@ func TestBuildSpec(t *testing.T) {
 			if got := [3]bool{spec.newIPC, spec.newUTS, spec.newPID}; got != tt.wantFlags {
 				t.Errorf("new ipc/uts/pid = %v, want %v", got, tt.wantFlags)
 			}
-			if wantUserns := tt.opts.GetUserns() != nil; (spec.userns != nil) != wantUserns || spec.newNet != wantUserns {
-				t.Errorf("userns = %v, newNet = %v; want both set: %v", spec.userns, spec.newNet, wantUserns)
+			wantUserns := tt.opts.GetUserns() != nil
+			if wantNet := wantUserns && tt.opts.GetNetwork() != optionsv1.NamespaceMode_NODE; (spec.userns != nil) != wantUserns || spec.newNet != wantNet {
+				t.Errorf("userns = %v, newNet = %v; want userns %v, newNet %v", spec.userns, spec.newNet, wantUserns, wantNet)
 			}
 		})
 	}
@@ -88,5 +101,43 @@ func TestSysctlNamespace(t *testing.T) {
 		if got := sysctlNamespace(key); got != want {
 			t.Errorf("sysctlNamespace(%q) = %q, want %q", key, got, want)
 		}
+	}
+}
+
+// TestBuildSpecUserNSNetNS: a user-namespaced pod given a netns path (containerd's
+// shim sandboxer) joins the user namespace owning it; a netns of the host's user
+// namespace is refused, since the pod's root would not own its network.
+func TestBuildSpecUserNSNetNS(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates a user namespace")
+	}
+	holder := exec.Command("sleep", "60")
+	holder.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  unix.CLONE_NEWUSER | unix.CLONE_NEWNET,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 100000, Size: 65536}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 100000, Size: 65536}},
+	}
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = holder.Process.Kill(); _ = holder.Wait() })
+	opts := &optionsv1.SandboxOptions{Userns: userns(0, 100000, 65536)}
+	spec, err := buildSpec("p1", fmt.Sprintf("/proc/%d/ns/net", holder.Process.Pid), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !spec.joinUserNS || spec.newNet || spec.userns == nil || !spec.newPID {
+		t.Errorf("spec joinUserNS %v newNet %v userns %v newPID %v; want a joined user namespace and new PID namespace", spec.joinUserNS, spec.newNet, spec.userns, spec.newPID)
+	}
+	if err := checkIDMaps(holder.Process.Pid, *spec.userns); err != nil {
+		t.Errorf("checkIDMaps of the same mapping: %v", err)
+	}
+	other := pause.IDMap{UID: pause.Range{HostID: 200000, Size: 65536}, GID: pause.Range{HostID: 100000, Size: 65536}}
+	if err := checkIDMaps(holder.Process.Pid, other); err == nil || !strings.Contains(err.Error(), "uid_map") {
+		t.Errorf("checkIDMaps of another uid range: %v, want an error naming uid_map", err)
+	}
+	_, err = buildSpec("p1", "/proc/self/ns/net", opts)
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "host's user namespace") {
+		t.Errorf("buildSpec with a host-owned netns: %v, want InvalidArgument naming the host's user namespace", err)
 	}
 }

@@ -224,7 +224,7 @@ func (s *Service) StartSandbox(ctx context.Context, req *sandboxapi.StartSandbox
 	}
 
 	spec := sb.spec
-	p, err = pause.Start(ctx, pause.Config{
+	cfg := pause.Config{
 		NetNSPath: spec.netnsPath,
 		Hostname:  spec.hostname,
 		Sysctls:   spec.sysctls,
@@ -234,7 +234,11 @@ func (s *Service) StartSandbox(ctx context.Context, req *sandboxapi.StartSandbox
 		NewNet:    spec.newNet,
 		UserNS:    spec.userns,
 		Runner:    s.runner,
-	})
+	}
+	if spec.joinUserNS {
+		cfg.UserNS, cfg.JoinUserNS = nil, true
+	}
+	p, err = pause.Start(ctx, cfg)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "start sandbox %q: %v", s.id, err)
 	}
@@ -244,6 +248,12 @@ func (s *Service) StartSandbox(ctx context.Context, req *sandboxapi.StartSandbox
 			s.log.Error("kill pause process after failed start", "pid", pid, "error", err)
 		}
 		return nil, status.Errorf(code, format, args...)
+	}
+	if spec.joinUserNS {
+		// The joined user namespace is the caller's: it must map what the pod asked for.
+		if err := checkIDMaps(pid, *spec.userns); err != nil {
+			return fail(codes.InvalidArgument, "sandbox %q: the user namespace owning netns_path %q %v", s.id, spec.netnsPath, err)
+		}
 	}
 	st, err := proc.ReadStat(pid)
 	if err != nil {

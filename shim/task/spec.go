@@ -268,12 +268,21 @@ func updateResources(cur *cgroups.Resources, r *specs.LinuxResources) *cgroups.R
 	return &res
 }
 
-// mountRootfs mounts the container's rootfs at target. A container that joins a user
-// namespace (the pod's: /proc/<pause pid>/ns/user) gets idmapped layers, so that the
-// image's files, owned by root on disk, are owned by root inside the container, and
-// what it writes is stored with its in-container ids; without a user namespace the
-// layers are mounted as they are.
+// mountRootfs mounts the container's rootfs at target. Mounts with containerd's
+// uidmap=/gidmap= options (containerd's overlayfs snapshot of a user-namespaced pod)
+// are idmapped as containerd-shim-runc-v2 mounts them: containerd chose the mapping
+// and prepared the upper dir for it. A container that joins a user namespace by a
+// /proc/<pid>/ns/user path (the pod's, as crisp's controller and containerd ask) gets
+// crisp's idmapped layers, so that the image's files, owned by root on disk, are owned
+// by root inside the container, and what it writes is stored with its in-container
+// ids, unless the snapshot was already chowned for the namespace (see chownedFor).
+// Without a user namespace, or with one named otherwise (containerd's pinned user
+// namespace of its pause container, whose rootfs containerd prepared), the layers are
+// mounted as they are, as containerd's runc shim mounts them.
 func mountRootfs(spec *specs.Spec, ms []mount.Mount, target string) error {
+	if mount.Remapped(ms) {
+		return mount.All(ms, target)
+	}
 	path := ""
 	if spec.Linux != nil {
 		for _, ns := range spec.Linux.Namespaces {
@@ -287,11 +296,42 @@ func mountRootfs(spec *specs.Spec, ms []mount.Mount, target string) error {
 	}
 	pid, err := mount.UserNSPid(path)
 	if err != nil {
-		return fmt.Errorf("idmapped rootfs needs a user namespace to join: %w", err)
+		return mount.All(ms, target)
 	}
 	uid, gid, err := mount.HostRootIDs(pid)
 	if err != nil {
 		return fmt.Errorf("idmapped rootfs: %w", err)
 	}
+	if chownedFor(ms, uid, gid) {
+		return mount.All(ms, target)
+	}
 	return mount.AllIDMapped(ms, target, mount.IDMap{UserNS: path, RootUID: uid, RootGID: gid})
+}
+
+// chownedFor reports whether the writable layer of ms (an overlay's upperdir, or a
+// bind mount's source) is owned by uid:gid, the host ids of the user namespace's root:
+// containerd's snapshotters chown a snapshot for a user-namespaced pod so where the
+// kernel cannot idmap overlay layers (slow_chown), and such a snapshot stores host ids,
+// which idmapping would map a second time. crisp's own snapshots store in-container
+// ids: their upper dir is never owned by the mapped root.
+func chownedFor(ms []mount.Mount, uid, gid uint32) bool {
+	if len(ms) != 1 {
+		return false
+	}
+	m := ms[0]
+	dir := ""
+	if m.Type == "overlay" {
+		for _, o := range m.Options {
+			if v, ok := strings.CutPrefix(o, "upperdir="); ok {
+				dir = v
+			}
+		}
+	} else if slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind") {
+		dir = m.Source
+	}
+	var st unix.Stat_t
+	if dir == "" || unix.Stat(dir, &st) != nil {
+		return false
+	}
+	return st.Uid == uid && st.Gid == gid
 }
