@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/client-go/tools/remotecommand"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/crisp-runtime/crisp/image/imagetest"
@@ -666,6 +668,11 @@ func TestE2EContainerd(t *testing.T) {
 	for _, h := range ctrdHandlers {
 		t.Run(h, func(t *testing.T) { c.lifecycle(t, h) })
 	}
+	t.Run("streaming", func(t *testing.T) {
+		for _, h := range ctrdHandlers {
+			t.Run(h, func(t *testing.T) { c.streaming(t, h) })
+		}
+	})
 	t.Run("features", func(t *testing.T) { c.features(t) })
 	t.Run("podfiles", func(t *testing.T) { c.podFiles(t) })
 	t.Run("restart", func(t *testing.T) { c.restarts(t) })
@@ -762,69 +769,119 @@ func (c *ctrd) restart(sig syscall.Signal) {
 	c.start(c.binary, c.cfgPath)
 }
 
-// restarts: pods on every handler keep running across a SIGTERM and a SIGKILL of
-// containerd, and are found again with their containers (same pids, exec works).
+// restarts: pods on every handler keep running across a SIGTERM and then a SIGKILL of
+// containerd and are found again: listed READY with their containers RUNNING (same
+// pids), exec works (ExecSync and a streaming exec with stdin, through the restarted
+// streaming server), a container's log keeps growing, and a container started before
+// the restarts is stopped and removed after them.
 func (c *ctrd) restarts(t *testing.T) {
 	ctx := ctxT(t)
 	before := c.leftovers()
-	type running struct{ pod, ctr, handler string }
-	var pods []running
+	type running struct {
+		pod, sleeper, ticker, handler, tickLog string
+		sleeperPid, tickerPid                  int
+	}
+	var pods []*running
+	defer func() {
+		for _, p := range pods {
+			if _, err := c.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: p.pod}); err != nil {
+				t.Errorf("%s: StopPodSandbox: %v", p.handler, err)
+			}
+			if _, err := c.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: p.pod}); err != nil {
+				t.Errorf("%s: RemovePodSandbox: %v", p.handler, err)
+			}
+		}
+		c.assertClean(t, 20*time.Second, before)
+	}()
 	for _, h := range ctrdHandlers {
 		pod := c.podConfig("restart-" + h)
 		resp, err := c.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: pod, RuntimeHandler: h})
 		if err != nil {
 			t.Fatalf("%s: RunPodSandbox: %v", h, err)
 		}
-		id, err := c.createStart(ctx, resp.PodSandboxId, pod, c.ctrConfig("sleeper", "sleep", "3600"))
-		if err != nil {
+		p := &running{pod: resp.PodSandboxId, handler: h, tickLog: filepath.Join(pod.LogDirectory, "ticker.log")}
+		pods = append(pods, p)
+		if p.sleeper, err = c.createStart(ctx, p.pod, pod, c.ctrConfig("sleeper", "sleep", "3600")); err != nil {
 			t.Fatalf("%s: %v", h, err)
 		}
-		pods = append(pods, running{resp.PodSandboxId, id, h})
-	}
-	pid := func(id string) float64 {
-		resp, err := c.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: id, Verbose: true})
-		if err != nil {
-			t.Fatalf("ContainerStatus %s: %v", id, err)
+		if p.ticker, err = c.createStart(ctx, p.pod, pod, c.ctrConfig("ticker", "sh", "-c", "while true; do echo tick; sleep 0.1; done")); err != nil {
+			t.Fatalf("%s: %v", h, err)
 		}
-		var info map[string]any
-		if err := json.Unmarshal([]byte(resp.GetInfo()["info"]), &info); err != nil {
-			t.Fatalf("verbose info of %s: %v", id, err)
-		}
-		p, _ := info["pid"].(float64)
-		if resp.GetStatus().GetState() != cri.ContainerState_CONTAINER_RUNNING || p == 0 {
-			t.Errorf("container %s is %v with pid %v", id, resp.GetStatus().GetState(), info["pid"])
-		}
-		return p
-	}
-	pids := map[string]float64{}
-	for _, p := range pods {
-		pids[p.ctr] = pid(p.ctr)
+		p.sleeperPid, p.tickerPid = c.ctrPid(ctx, t, p.sleeper), c.ctrPid(ctx, t, p.ticker)
 	}
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
-		c.restart(sig)
+		ticks := map[string]int{}
 		for _, p := range pods {
-			ps, err := c.rt.PodSandboxStatus(ctx, &cri.PodSandboxStatusRequest{PodSandboxId: p.pod})
-			if err != nil || ps.GetStatus().GetState() != cri.PodSandboxState_SANDBOX_READY {
-				t.Errorf("%s after %v: pod %v %v", p.handler, sig, ps.GetStatus().GetState(), err)
+			ticks[p.handler] = len(readLogIfAny(t, p.tickLog))
+		}
+		c.restart(sig)
+		list, err := c.rt.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{})
+		if err != nil {
+			t.Fatalf("after %v: ListPodSandbox: %v", sig, err)
+		}
+		ready := map[string]bool{}
+		for _, it := range list.Items {
+			ready[it.Id] = it.State == cri.PodSandboxState_SANDBOX_READY
+		}
+		for _, p := range pods {
+			if !ready[p.pod] {
+				t.Errorf("%s after %v: pod not listed READY: %v", p.handler, sig, list.Items)
 			}
-			if got := pid(p.ctr); got != pids[p.ctr] {
-				t.Errorf("%s after %v: container pid %v, was %v", p.handler, sig, got, pids[p.ctr])
+			ctrs, err := c.rt.ListContainers(ctx, &cri.ListContainersRequest{Filter: &cri.ContainerFilter{PodSandboxId: p.pod}})
+			if err != nil {
+				t.Fatalf("%s after %v: ListContainers: %v", p.handler, sig, err)
 			}
-			ex, err := c.rt.ExecSync(ctx, &cri.ExecSyncRequest{ContainerId: p.ctr, Cmd: []string{"echo", "alive"}, Timeout: 10})
+			for _, ctr := range ctrs.Containers {
+				if ctr.State != cri.ContainerState_CONTAINER_RUNNING {
+					t.Errorf("%s after %v: container %s listed %v", p.handler, sig, ctr.Metadata.GetName(), ctr.State)
+				}
+			}
+			if len(ctrs.Containers) != 2 {
+				t.Errorf("%s after %v: %d containers listed, want 2", p.handler, sig, len(ctrs.Containers))
+			}
+			if got := c.ctrPid(ctx, t, p.sleeper); got != p.sleeperPid {
+				t.Errorf("%s after %v: sleeper pid %d, was %d", p.handler, sig, got, p.sleeperPid)
+			}
+			if got := c.ctrPid(ctx, t, p.ticker); got != p.tickerPid {
+				t.Errorf("%s after %v: ticker pid %d, was %d", p.handler, sig, got, p.tickerPid)
+			}
+			ex, err := c.rt.ExecSync(ctx, &cri.ExecSyncRequest{ContainerId: p.sleeper, Cmd: []string{"echo", "alive"}, Timeout: 10})
 			if err != nil || string(ex.GetStdout()) != "alive\n" {
 				t.Errorf("%s after %v: exec %q %v", p.handler, sig, ex.GetStdout(), err)
 			}
+			var out bytes.Buffer
+			u := c.execURL(ctx, t, &cri.ExecRequest{ContainerId: p.ticker, Cmd: []string{"cat"}, Stdin: true, Stdout: true})
+			if err := stream(ctx, t, u, spdyTransport, remotecommand.StreamOptions{Stdin: strings.NewReader("still here\n"), Stdout: &out}); err != nil || out.String() != "still here\n" {
+				t.Errorf("%s after %v: streaming exec: %q %v", p.handler, sig, out.String(), err)
+			}
+			// The ticker writes 10 lines a second: more than a second's worth
+			// beyond the count before the restart shows the log still grows.
+			deadline := time.Now().Add(10 * time.Second)
+			for len(readLogIfAny(t, p.tickLog)) < ticks[p.handler]+10 {
+				if time.Now().After(deadline) {
+					t.Errorf("%s after %v: the ticker's log stays at %d lines (%d before)", p.handler, sig, len(readLogIfAny(t, p.tickLog)), ticks[p.handler])
+					break
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
 		}
 	}
 	for _, p := range pods {
-		if _, err := c.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: p.pod}); err != nil {
-			t.Errorf("%s: StopPodSandbox: %v", p.handler, err)
+		if _, err := c.rt.StopContainer(ctx, &cri.StopContainerRequest{ContainerId: p.sleeper, Timeout: 5}); err != nil {
+			t.Errorf("%s: StopContainer after the restarts: %v", p.handler, err)
 		}
-		if _, err := c.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: p.pod}); err != nil {
-			t.Errorf("%s: RemovePodSandbox: %v", p.handler, err)
+		c.waitExit(ctx, t, p.sleeper, 10*time.Second)
+		if _, err := c.rt.RemoveContainer(ctx, &cri.RemoveContainerRequest{ContainerId: p.sleeper}); err != nil {
+			t.Errorf("%s: RemoveContainer after the restarts: %v", p.handler, err)
+		}
+		if err := syscall.Kill(p.sleeperPid, 0); err == nil {
+			t.Errorf("%s: the stopped sleeper's process %d is still there", p.handler, p.sleeperPid)
+		}
+		ctrs, err := c.rt.ListContainers(ctx, &cri.ListContainersRequest{Filter: &cri.ContainerFilter{PodSandboxId: p.pod}})
+		if err != nil || len(ctrs.Containers) != 1 || ctrs.Containers[0].Id != p.ticker {
+			t.Errorf("%s: containers after removing the sleeper: %v %v", p.handler, ctrs.GetContainers(), err)
 		}
 	}
-	c.assertClean(t, 20*time.Second, before)
 }
 
 // lifecycle runs one pod through every CRI verb crictl uses on it.
