@@ -37,6 +37,19 @@ const containerdVersion = "2.4.2"
 // shim as the baseline.
 var ctrdHandlers = []string{"crisp-pod", "crisp-shim", "runc"}
 
+// ctrdLegacyHandlers run crisp's shim started with containerd 2.0-2.2's protocol: no
+// BootstrapParams on stdin (the runtime options Any, if any), flags and environment
+// only, the address read back from stdout. containerd 2.4.2 still starts a shim that
+// way when its binary's name holds "shim-runc-v1" (core/runtime/v2/command.go: shims
+// built before the bootstrap protocol), so the test installs crisp's shim under that
+// name too (ctrdLegacyShim). crisp answers a legacy start with a bare address, which
+// containerd reads as version 2 (task API only): containerd then runs `shim start`
+// for every container too, as 2.0-2.2 do for such a shim, and `shim delete` after it.
+var ctrdLegacyHandlers = []string{"crisp-legacy-pod", "crisp-legacy-shim"}
+
+// ctrdLegacyShim is the name containerd starts with the legacy protocol.
+const ctrdLegacyShim = "containerd-shim-runc-v1"
+
 // cachedBinDir is the bin dir of a hack/ script's cache (the env variable overrides
 // def), skipping the test, saying which script builds them, when a binary is missing.
 func cachedBinDir(t *testing.T, env, def, script string, names ...string) string {
@@ -125,8 +138,10 @@ func newContainerd(t *testing.T) *ctrd {
 	if err := os.MkdirAll(bin, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Symlink(filepath.Join(crispBin, "shim-runc"), filepath.Join(bin, "containerd-shim-crisp-v1")); err != nil {
-		t.Fatal(err)
+	for _, name := range []string{"containerd-shim-crisp-v1", ctrdLegacyShim} {
+		if err := os.Symlink(filepath.Join(crispBin, "shim-runc"), filepath.Join(bin, name)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	c.pathEnv = bin + ":" + ctrdBin + ":" + os.Getenv("PATH")
 
@@ -236,6 +251,15 @@ oom_score = 0
       disable_pause_image_pull = true
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.crisp-pod]
       runtime_type = 'io.containerd.crisp.v1'
+      sandboxer = 'podsandbox'
+    # crisp's shim again, named containerd-shim-runc-v1: containerd 2.3+ starts a
+    # shim of that name the legacy way (containerd 2.0-2.2's start, see ctrdLegacy).
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.crisp-legacy-shim]
+      runtime_type = 'io.containerd.runc.v1'
+      sandboxer = 'shim'
+      disable_pause_image_pull = true
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.crisp-legacy-pod]
+      runtime_type = 'io.containerd.runc.v1'
       sandboxer = 'podsandbox'
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ['/usr/lib/cni']
@@ -665,11 +689,11 @@ func TestE2EContainerd(t *testing.T) {
 			t.Fatalf("pull %s: %v\n%s", ref, err, c.logTail(4000))
 		}
 	}
-	for _, h := range ctrdHandlers {
+	for _, h := range append(ctrdHandlers, ctrdLegacyHandlers...) {
 		t.Run(h, func(t *testing.T) { c.lifecycle(t, h) })
 	}
 	t.Run("streaming", func(t *testing.T) {
-		for _, h := range ctrdHandlers {
+		for _, h := range append(ctrdHandlers, ctrdLegacyHandlers...) {
 			t.Run(h, func(t *testing.T) { c.streaming(t, h) })
 		}
 	})
@@ -793,7 +817,7 @@ func (c *ctrd) restarts(t *testing.T) {
 		}
 		c.assertClean(t, 20*time.Second, before)
 	}()
-	for _, h := range ctrdHandlers {
+	for _, h := range append(ctrdHandlers, ctrdLegacyHandlers...) {
 		pod := c.podConfig("restart-" + h)
 		resp, err := c.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: pod, RuntimeHandler: h})
 		if err != nil {
@@ -942,9 +966,15 @@ func (c *ctrd) lifecycle(t *testing.T, handler string) {
 		t.Errorf("container's eth0 %q (%v), want the pod IP %s", ex.GetStdout(), err, ps.Status.GetNetwork().GetIp())
 	}
 	// ... and the pod runs one shim, started for the pod, which containerd gives the
-	// pod's containers too (through the task API: bootstrap version 3).
+	// pod's containers too (through the task API: bootstrap version 3; or, after a
+	// legacy start, by running `start` for the container, which answers with the pod's
+	// shim).
+	// A legacy start (version 2) shares the pod's shim through the spec's sandbox id
+	// annotation, as containerd's runc shim does.
 	want := map[string]string{"runc": "containerd-shim-runc-v2"}[handler]
-	if want == "" {
+	if slices.Contains(ctrdLegacyHandlers, handler) {
+		want = ctrdLegacyShim
+	} else if want == "" {
 		want = "containerd-shim-crisp-v1"
 	}
 	var shims []string
@@ -955,6 +985,21 @@ func (c *ctrd) lifecycle(t *testing.T, handler string) {
 	}
 	if len(shims) != 1 || shims[0] != want+" "+podID {
 		t.Errorf("new shims %q, want one %s for pod %s", shims, want, podID)
+	}
+	// How containerd started it: a bootstrap start answers version 3, a legacy start
+	// a bare address, which containerd records as version 2.
+	var boot struct {
+		Version int    `json:"version"`
+		Address string `json:"address"`
+	}
+	if b, err := os.ReadFile(filepath.Join(c.state, "io.containerd.runtime.v2.task", "k8s.io", top, "bootstrap.json")); err != nil {
+		t.Errorf("the container's bootstrap.json: %v", err)
+	} else if err := json.Unmarshal(b, &boot); err != nil {
+		t.Errorf("the container's bootstrap.json %q: %v", b, err)
+	}
+	wantVersion := map[bool]int{true: 2, false: 3}[slices.Contains(ctrdLegacyHandlers, handler)]
+	if handler != "runc" && boot.Version != wantVersion {
+		t.Errorf("the container's shim answered version %d, want %d", boot.Version, wantVersion)
 	}
 	// containerd collects stats in the background (stats_collect_period): poll.
 	deadline := time.Now().Add(15 * time.Second)
@@ -1031,6 +1076,13 @@ func (c *ctrd) lifecycle(t *testing.T, handler string) {
 	removed = true
 	if list, err := c.rt.ListContainers(ctx, &cri.ListContainersRequest{Filter: &cri.ContainerFilter{PodSandboxId: podID}}); err != nil || len(list.Containers) > 0 {
 		t.Errorf("containerd still lists containers of the pod: %v %v", list.GetContainers(), err)
+	}
+	// A legacy start gets no socket_dir: the shim's socket is in crisp's default
+	// dir, outside the test's, and must go with the shim.
+	if sock, ok := strings.CutPrefix(boot.Address, "unix://"); ok && handler != "runc" {
+		if _, err := os.Stat(sock); err == nil {
+			t.Errorf("the pod's shim socket %s is left", sock)
+		}
 	}
 	c.assertClean(t, 20*time.Second, before)
 }
