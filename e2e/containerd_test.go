@@ -777,8 +777,9 @@ func (c *ctrd) features(t *testing.T) {
 	}
 }
 
-// restart stops containerd with sig and starts it again on the same config.
-func (c *ctrd) restart(sig syscall.Signal) {
+// restart stops containerd with sig and starts it again on the same config; down,
+// if not nil, runs while containerd is gone.
+func (c *ctrd) restart(sig syscall.Signal, down func()) {
 	c.t.Helper()
 	if c.conn != nil {
 		c.conn.Close()
@@ -790,6 +791,9 @@ func (c *ctrd) restart(sig syscall.Signal) {
 	case <-time.After(30 * time.Second):
 		c.t.Fatalf("containerd did not exit within 30 s of %v", sig)
 	}
+	if down != nil {
+		down()
+	}
 	c.start(c.binary, c.cfgPath)
 }
 
@@ -797,15 +801,24 @@ func (c *ctrd) restart(sig syscall.Signal) {
 // containerd and are found again: listed READY with their containers RUNNING (same
 // pids), exec works (ExecSync and a streaming exec with stdin, through the restarted
 // streaming server), a container's log keeps growing, and a container started before
-// the restarts is stopped and removed after them.
+// the restarts is stopped and removed after them. A container that exits while
+// containerd is down is reported exited once containerd is back, as on containerd's
+// runc shim: containerd 2.4.2 finds its task with no process, cleans it up as a
+// leaked shim's (core/runtime/v2/shim_load.go) and reports exit code 255, reason
+// Unknown, whatever the shim recorded.
 func (c *ctrd) restarts(t *testing.T) {
 	ctx := ctxT(t)
 	before := c.leftovers()
 	type running struct {
 		pod, sleeper, ticker, handler, tickLog string
 		sleeperPid, tickerPid                  int
+		// quitters exit with 3 once /tmp/quit appears in their root, one for
+		// each restart.
+		quitters   map[syscall.Signal]string
+		quitterPid map[syscall.Signal]int
 	}
 	var pods []*running
+	signals := []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL}
 	defer func() {
 		for _, p := range pods {
 			if _, err := c.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: p.pod}); err != nil {
@@ -832,13 +845,36 @@ func (c *ctrd) restarts(t *testing.T) {
 			t.Fatalf("%s: %v", h, err)
 		}
 		p.sleeperPid, p.tickerPid = c.ctrPid(ctx, t, p.sleeper), c.ctrPid(ctx, t, p.ticker)
+		p.quitters, p.quitterPid = map[syscall.Signal]string{}, map[syscall.Signal]int{}
+		for _, sig := range signals {
+			q, err := c.createStart(ctx, p.pod, pod, c.ctrConfig(fmt.Sprintf("quitter-%d", sig), "sh", "-c", "until [ -e /tmp/quit ]; do sleep 0.05; done; exit 3"))
+			if err != nil {
+				t.Fatalf("%s: %v", h, err)
+			}
+			p.quitters[sig], p.quitterPid[sig] = q, c.ctrPid(ctx, t, q)
+		}
 	}
-	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+	for _, sig := range signals {
 		ticks := map[string]int{}
 		for _, p := range pods {
 			ticks[p.handler] = len(readLogIfAny(t, p.tickLog))
 		}
-		c.restart(sig)
+		quits := map[string]string{}
+		c.restart(sig, func() {
+			// Through the quitter's root from the host: nothing of containerd's
+			// is there to exec with.
+			for _, p := range pods {
+				if err := os.WriteFile(fmt.Sprintf("/proc/%d/root/tmp/quit", p.quitterPid[sig]), nil, 0o644); err != nil {
+					t.Errorf("%s: tell the quitter to exit: %v", p.handler, err)
+				}
+			}
+			for _, p := range pods {
+				deadline := time.Now().Add(10 * time.Second)
+				for syscall.Kill(p.quitterPid[sig], 0) == nil && time.Now().Before(deadline) {
+					time.Sleep(20 * time.Millisecond)
+				}
+			}
+		})
 		list, err := c.rt.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{})
 		if err != nil {
 			t.Fatalf("after %v: ListPodSandbox: %v", sig, err)
@@ -855,14 +891,17 @@ func (c *ctrd) restarts(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s after %v: ListContainers: %v", p.handler, sig, err)
 			}
+			states := map[string]cri.ContainerState{}
 			for _, ctr := range ctrs.Containers {
-				if ctr.State != cri.ContainerState_CONTAINER_RUNNING {
-					t.Errorf("%s after %v: container %s listed %v", p.handler, sig, ctr.Metadata.GetName(), ctr.State)
+				states[ctr.Id] = ctr.State
+			}
+			for _, id := range []string{p.sleeper, p.ticker} {
+				if st, ok := states[id]; !ok || st != cri.ContainerState_CONTAINER_RUNNING {
+					t.Errorf("%s after %v: container %s listed %v (%v)", p.handler, sig, id, st, ok)
 				}
 			}
-			if len(ctrs.Containers) != 2 {
-				t.Errorf("%s after %v: %d containers listed, want 2", p.handler, sig, len(ctrs.Containers))
-			}
+			st := c.waitExit(ctx, t, p.quitters[sig], 10*time.Second)
+			quits[p.handler] = fmt.Sprintf("exit code %d, reason %q", st.ExitCode, st.Reason)
 			if got := c.ctrPid(ctx, t, p.sleeper); got != p.sleeperPid {
 				t.Errorf("%s after %v: sleeper pid %d, was %d", p.handler, sig, got, p.sleeperPid)
 			}
@@ -889,6 +928,12 @@ func (c *ctrd) restarts(t *testing.T) {
 				time.Sleep(50 * time.Millisecond)
 			}
 		}
+		t.Logf("after %v: a container that exited while containerd was down: %v", sig, quits)
+		for _, h := range append(ctrdHandlers, ctrdLegacyHandlers...) {
+			if quits[h] != quits["runc"] {
+				t.Errorf("%s after %v: a container that exited meanwhile has %s; on runc %s", h, sig, quits[h], quits["runc"])
+			}
+		}
 	}
 	for _, p := range pods {
 		if _, err := c.rt.StopContainer(ctx, &cri.StopContainerRequest{ContainerId: p.sleeper, Timeout: 5}); err != nil {
@@ -902,7 +947,7 @@ func (c *ctrd) restarts(t *testing.T) {
 			t.Errorf("%s: the stopped sleeper's process %d is still there", p.handler, p.sleeperPid)
 		}
 		ctrs, err := c.rt.ListContainers(ctx, &cri.ListContainersRequest{Filter: &cri.ContainerFilter{PodSandboxId: p.pod}})
-		if err != nil || len(ctrs.Containers) != 1 || ctrs.Containers[0].Id != p.ticker {
+		if err != nil || len(ctrs.Containers) != 1+len(signals) || slices.ContainsFunc(ctrs.Containers, func(c *cri.Container) bool { return c.Id == p.sleeper }) {
 			t.Errorf("%s: containers after removing the sleeper: %v %v", p.handler, ctrs.GetContainers(), err)
 		}
 	}
