@@ -841,7 +841,10 @@ func (c *ctrd) restarts(t *testing.T) {
 		if p.sleeper, err = c.createStart(ctx, p.pod, pod, c.ctrConfig("sleeper", "sleep", "3600")); err != nil {
 			t.Fatalf("%s: %v", h, err)
 		}
-		if p.ticker, err = c.createStart(ctx, p.pod, pod, c.ctrConfig("ticker", "sh", "-c", "while true; do echo tick; sleep 0.1; done")); err != nil {
+		// The ticker also echoes its stdin, for an attach after the restarts.
+		tcfg := c.ctrConfig("ticker", "sh", "-c", "while true; do echo tick; sleep 0.1; done & exec cat")
+		tcfg.Stdin = true
+		if p.ticker, err = c.createStart(ctx, p.pod, pod, tcfg); err != nil {
 			t.Fatalf("%s: %v", h, err)
 		}
 		p.sleeperPid, p.tickerPid = c.ctrPid(ctx, t, p.sleeper), c.ctrPid(ctx, t, p.ticker)
@@ -917,6 +920,27 @@ func (c *ctrd) restarts(t *testing.T) {
 			if err := stream(ctx, t, u, spdyTransport, remotecommand.StreamOptions{Stdin: strings.NewReader("still here\n"), Stdout: &out}); err != nil || out.String() != "still here\n" {
 				t.Errorf("%s after %v: streaming exec: %q %v", p.handler, sig, out.String(), err)
 			}
+			// The container's stdin and stdout, which containerd opens again
+			// after its restart, still reach it: attach and type.
+			actx, cancel := context.WithTimeout(ctx, 15*time.Second)
+			as := attachOn(actx, t, c.rt, p.ticker, spdyTransport, false, nil)
+			line := fmt.Sprintf("typed-after-%d", sig)
+			for {
+				if _, err := as.stdin.Write([]byte(line + "\n")); err != nil {
+					t.Errorf("%s after %v: attach session ended: %v", p.handler, sig, err)
+					break
+				}
+				if as.out.wait(line, time.Second) {
+					break
+				}
+				if actx.Err() != nil {
+					t.Errorf("%s after %v: attach: no echo: %q", p.handler, sig, as.out.String())
+					break
+				}
+			}
+			as.stdin.Close()
+			as.ended(t, 10*time.Second)
+			cancel()
 			// The ticker writes 10 lines a second: more than a second's worth
 			// beyond the count before the restart shows the log still grows.
 			deadline := time.Now().Add(10 * time.Second)
