@@ -668,10 +668,12 @@ func ctrdWaitLog(t *testing.T, path, want string, within time.Duration) []string
 	}
 }
 
-// TestE2EContainerd runs containerd 2.4.2 with crisp's shim under two sandboxers and
-// containerd's runc shim, drives each through containerd's CRI socket with the CRI
-// client (pod ready, container running, exec, logs, exit code, OOM reason, stats,
-// stop, remove, nothing left behind) and measures pod start (RunPodSandbox +
+// TestE2EContainerd runs containerd 2.4.2 with crisp's shim under two sandboxers (and
+// again started the legacy way, see ctrdLegacyHandlers) and containerd's runc shim,
+// drives each through containerd's CRI socket with the CRI client (pod ready,
+// container running, exec, logs, exit code, OOM reason, stats, stop, remove, nothing
+// left behind) and its streaming server (exec, attach, port-forward), restarts
+// containerd with pods running, and measures pod start (RunPodSandbox +
 // CreateContainer + StartContainer) p50 per handler.
 func TestE2EContainerd(t *testing.T) {
 	c := newContainerd(t)
