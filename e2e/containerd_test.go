@@ -573,6 +573,22 @@ func (c *ctrd) cleanup() {
 		}
 	}
 	time.Sleep(100 * time.Millisecond)
+	// A legacy start gets no socket_dir: a shim killed above leaves its socket in
+	// crisp's default dir, outside c.dir. The task bundles say which.
+	_ = filepath.Walk(c.state, func(p string, info os.FileInfo, err error) error {
+		if err != nil || info.Name() != "bootstrap.json" {
+			return nil
+		}
+		var boot struct {
+			Address string `json:"address"`
+		}
+		if b, err := os.ReadFile(p); err == nil && json.Unmarshal(b, &boot) == nil {
+			if sock, ok := strings.CutPrefix(boot.Address, "unix://"); ok && !strings.HasPrefix(sock, c.dir+"/") {
+				_ = os.Remove(sock)
+			}
+		}
+		return nil
+	})
 	for _, m := range mountsUnder(c.dir) {
 		_ = syscall.Unmount(m, syscall.MNT_DETACH)
 	}
