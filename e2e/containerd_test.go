@@ -18,8 +18,13 @@ import (
 	"testing"
 	"time"
 
+	apievents "github.com/containerd/containerd/api/events"
+	eventsapi "github.com/containerd/containerd/api/services/events/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 	"k8s.io/client-go/tools/remotecommand"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -1129,7 +1134,9 @@ func (c *ctrd) lifecycle(t *testing.T, handler string) {
 		t.Errorf("exits: log %q", lines)
 	}
 
-	// OOM kill.
+	// OOM kill, also as the shim's /tasks/oom event, from which containerd before 2.4
+	// alone learns of it (2.4 also reads the cgroup's counter at the exit).
+	ooms := c.oomEvents(ctx, t)
 	cfg = c.ctrConfig("hog", "sh", "-c", "x=aaaaaaaaaaaaaaaa; while true; do x=$x$x; done")
 	cfg.Linux.Resources = &cri.LinuxContainerResources{MemoryLimitInBytes: 32 << 20}
 	id, err = c.createStart(ctx, podID, pod, cfg)
@@ -1139,6 +1146,9 @@ func (c *ctrd) lifecycle(t *testing.T, handler string) {
 	st = c.waitExit(ctx, t, id, 30*time.Second)
 	if st.Reason != "OOMKilled" || st.ExitCode != 137 {
 		t.Errorf("hog: reason %q exit %d, want OOMKilled 137", st.Reason, st.ExitCode)
+	}
+	if !waitChan(ooms, id, 5*time.Second) {
+		t.Errorf("hog: no /tasks/oom event for it reached containerd")
 	}
 
 	// Remove the containers, then the pod.
@@ -1172,6 +1182,78 @@ func (c *ctrd) lifecycle(t *testing.T, handler string) {
 		}
 	}
 	c.assertClean(t, 20*time.Second, before)
+}
+
+// oomEvents subscribes to containerd's /tasks/oom events (containerd's own gRPC
+// events API) and sends the id of each OOM-killed container, until ctx ends.
+func (c *ctrd) oomEvents(ctx context.Context, t *testing.T) <-chan string {
+	t.Helper()
+	const probe = "/crisp-e2e/probe"
+	events := eventsapi.NewEventsClient(c.conn)
+	stream, err := events.Subscribe(ctx, &eventsapi.SubscribeRequest{Filters: []string{`topic=="/tasks/oom"`, `topic=="` + probe + `"`}})
+	if err != nil {
+		t.Fatalf("subscribe to containerd's events: %v", err)
+	}
+	ids, live := make(chan string, 16), make(chan struct{}, 1)
+	go func() {
+		for {
+			env, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			if env.GetTopic() == probe {
+				select {
+				case live <- struct{}{}:
+				default:
+				}
+				continue
+			}
+			var ev apievents.TaskOOM
+			if proto.Unmarshal(env.GetEvent().GetValue(), &ev) == nil {
+				select {
+				case ids <- ev.ContainerID:
+				default:
+				}
+			}
+		}
+	}()
+	// Subscribe returns before containerd registers the subscriber, and an event
+	// before that is missed: publish probes until one comes back.
+	probeEv, err := anypb.New(&apievents.TaskOOM{ContainerID: "probe"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pctx := metadata.AppendToOutgoingContext(ctx, "containerd-namespace", "crisp-e2e")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := events.Publish(pctx, &eventsapi.PublishRequest{Topic: probe, Event: probeEv}); err != nil {
+			t.Fatalf("publish a probe event: %v", err)
+		}
+		select {
+		case <-live:
+			return ids
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("containerd's event subscription never delivered a probe")
+		}
+	}
+}
+
+// waitChan reports whether want arrives on ch within d.
+func waitChan(ch <-chan string, want string, d time.Duration) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		select {
+		case got := <-ch:
+			if got == want {
+				return true
+			}
+		case <-timer.C:
+			return false
+		}
+	}
 }
 
 // podStartP50 times RunPodSandbox + CreateContainer + StartContainer of one sleeping
