@@ -800,9 +800,11 @@ func (c *ctrd) features(t *testing.T) {
 	}
 }
 
-// restart stops containerd with sig and starts it again on the same config; down,
-// if not nil, runs while containerd is gone.
-func (c *ctrd) restart(sig syscall.Signal, down func()) {
+// restart stops containerd with sig and starts it again on the same config.
+func (c *ctrd) restart(sig syscall.Signal) { c.restartWith(sig, nil) }
+
+// restartWith is restart running down, if not nil, while containerd is gone.
+func (c *ctrd) restartWith(sig syscall.Signal, down func()) {
 	c.t.Helper()
 	if c.conn != nil {
 		c.conn.Close()
@@ -886,7 +888,7 @@ func (c *ctrd) restarts(t *testing.T) {
 			ticks[p.handler] = len(readLogIfAny(t, p.tickLog))
 		}
 		quits := map[string]string{}
-		c.restart(sig, func() {
+		c.restartWith(sig, func() {
 			// Through the quitter's root from the host: nothing of containerd's
 			// is there to exec with.
 			for _, p := range pods {
