@@ -36,7 +36,13 @@ type attachSession struct {
 // stdout) on container id; a nil stdin is a pipe the test writes to.
 func (e *env) attach(ctx context.Context, t *testing.T, id string, tr transport, tty bool, stdin io.Reader) *attachSession {
 	t.Helper()
-	resp, err := e.rt.Attach(ctx, &cri.AttachRequest{ContainerId: id, Stdin: true, Stdout: true, Stderr: !tty, Tty: tty})
+	return attachOn(ctx, t, e.rt, id, tr, tty, stdin)
+}
+
+// attachOn is attach through any CRI runtime service (criserver's or containerd's).
+func attachOn(ctx context.Context, t *testing.T, rt cri.RuntimeServiceClient, id string, tr transport, tty bool, stdin io.Reader) *attachSession {
+	t.Helper()
+	resp, err := rt.Attach(ctx, &cri.AttachRequest{ContainerId: id, Stdin: true, Stdout: true, Stderr: !tty, Tty: tty})
 	if err != nil {
 		t.Fatalf("Attach %s: %v", id, err)
 	}

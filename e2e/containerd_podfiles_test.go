@@ -16,7 +16,7 @@ import (
 func (c *ctrd) podFiles(t *testing.T) {
 	ctx := ctxT(t)
 	before := c.leftovers()
-	for _, h := range ctrdHandlers {
+	for _, h := range append(ctrdHandlers, ctrdLegacyHandlers...) {
 		t.Run(h, func(t *testing.T) {
 			pod := c.podConfig("pf-" + h)
 			pod.DnsConfig = &cri.DNSConfig{Servers: []string{"10.0.0.10", "10.0.0.11"}, Searches: []string{"svc.e2e.local"}, Options: []string{"ndots:5"}}

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -17,8 +18,14 @@ import (
 	"testing"
 	"time"
 
+	apievents "github.com/containerd/containerd/api/events"
+	eventsapi "github.com/containerd/containerd/api/services/events/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"k8s.io/client-go/tools/remotecommand"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/crisp-runtime/crisp/image/imagetest"
@@ -34,6 +41,19 @@ const containerdVersion = "2.4.2"
 // containerd's own pause container (sandboxer "podsandbox"), and containerd's runc
 // shim as the baseline.
 var ctrdHandlers = []string{"crisp-pod", "crisp-shim", "runc"}
+
+// ctrdLegacyHandlers run crisp's shim started with containerd 2.0-2.2's protocol: no
+// BootstrapParams on stdin (the runtime options Any, if any), flags and environment
+// only, the address read back from stdout. containerd 2.4.2 still starts a shim that
+// way when its binary's name holds "shim-runc-v1" (core/runtime/v2/command.go: shims
+// built before the bootstrap protocol), so the test installs crisp's shim under that
+// name too (ctrdLegacyShim). crisp answers a legacy start with a bare address, which
+// containerd reads as version 2 (task API only): containerd then runs `shim start`
+// for every container too, as 2.0-2.2 do for such a shim, and `shim delete` after it.
+var ctrdLegacyHandlers = []string{"crisp-legacy-pod", "crisp-legacy-shim"}
+
+// ctrdLegacyShim is the name containerd starts with the legacy protocol.
+const ctrdLegacyShim = "containerd-shim-runc-v1"
 
 // cachedBinDir is the bin dir of a hack/ script's cache (the env variable overrides
 // def), skipping the test, saying which script builds them, when a binary is missing.
@@ -123,8 +143,10 @@ func newContainerd(t *testing.T) *ctrd {
 	if err := os.MkdirAll(bin, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Symlink(filepath.Join(crispBin, "shim-runc"), filepath.Join(bin, "containerd-shim-crisp-v1")); err != nil {
-		t.Fatal(err)
+	for _, name := range []string{"containerd-shim-crisp-v1", ctrdLegacyShim} {
+		if err := os.Symlink(filepath.Join(crispBin, "shim-runc"), filepath.Join(bin, name)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	c.pathEnv = bin + ":" + ctrdBin + ":" + os.Getenv("PATH")
 
@@ -234,6 +256,15 @@ oom_score = 0
       disable_pause_image_pull = true
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.crisp-pod]
       runtime_type = 'io.containerd.crisp.v1'
+      sandboxer = 'podsandbox'
+    # crisp's shim again, named containerd-shim-runc-v1: containerd 2.3+ starts a
+    # shim of that name the legacy way (containerd 2.0-2.2's start, see ctrdLegacy).
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.crisp-legacy-shim]
+      runtime_type = 'io.containerd.runc.v1'
+      sandboxer = 'shim'
+      disable_pause_image_pull = true
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.crisp-legacy-pod]
+      runtime_type = 'io.containerd.runc.v1'
       sandboxer = 'podsandbox'
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ['/usr/lib/cni']
@@ -547,6 +578,22 @@ func (c *ctrd) cleanup() {
 		}
 	}
 	time.Sleep(100 * time.Millisecond)
+	// A legacy start gets no socket_dir: a shim killed above leaves its socket in
+	// crisp's default dir, outside c.dir. The task bundles say which.
+	_ = filepath.Walk(c.state, func(p string, info os.FileInfo, err error) error {
+		if err != nil || info.Name() != "bootstrap.json" {
+			return nil
+		}
+		var boot struct {
+			Address string `json:"address"`
+		}
+		if b, err := os.ReadFile(p); err == nil && json.Unmarshal(b, &boot) == nil {
+			if sock, ok := strings.CutPrefix(boot.Address, "unix://"); ok && !strings.HasPrefix(sock, c.dir+"/") {
+				_ = os.Remove(sock)
+			}
+		}
+		return nil
+	})
 	for _, m := range mountsUnder(c.dir) {
 		_ = syscall.Unmount(m, syscall.MNT_DETACH)
 	}
@@ -642,10 +689,12 @@ func ctrdWaitLog(t *testing.T, path, want string, within time.Duration) []string
 	}
 }
 
-// TestE2EContainerd runs containerd 2.4.2 with crisp's shim under two sandboxers and
-// containerd's runc shim, drives each through containerd's CRI socket with the CRI
-// client (pod ready, container running, exec, logs, exit code, OOM reason, stats,
-// stop, remove, nothing left behind) and measures pod start (RunPodSandbox +
+// TestE2EContainerd runs containerd 2.4.2 with crisp's shim under two sandboxers (and
+// again started the legacy way, see ctrdLegacyHandlers) and containerd's runc shim,
+// drives each through containerd's CRI socket with the CRI client (pod ready,
+// container running, exec, logs, exit code, OOM reason, stats, stop, remove, nothing
+// left behind) and its streaming server (exec, attach, port-forward), restarts
+// containerd with pods running, and measures pod start (RunPodSandbox +
 // CreateContainer + StartContainer) p50 per handler.
 func TestE2EContainerd(t *testing.T) {
 	c := newContainerd(t)
@@ -663,9 +712,14 @@ func TestE2EContainerd(t *testing.T) {
 			t.Fatalf("pull %s: %v\n%s", ref, err, c.logTail(4000))
 		}
 	}
-	for _, h := range ctrdHandlers {
+	for _, h := range append(ctrdHandlers, ctrdLegacyHandlers...) {
 		t.Run(h, func(t *testing.T) { c.lifecycle(t, h) })
 	}
+	t.Run("streaming", func(t *testing.T) {
+		for _, h := range append(ctrdHandlers, ctrdLegacyHandlers...) {
+			t.Run(h, func(t *testing.T) { c.streaming(t, h) })
+		}
+	})
 	t.Run("features", func(t *testing.T) { c.features(t) })
 	t.Run("podfiles", func(t *testing.T) { c.podFiles(t) })
 	t.Run("restart", func(t *testing.T) { c.restarts(t) })
@@ -747,7 +801,10 @@ func (c *ctrd) features(t *testing.T) {
 }
 
 // restart stops containerd with sig and starts it again on the same config.
-func (c *ctrd) restart(sig syscall.Signal) {
+func (c *ctrd) restart(sig syscall.Signal) { c.restartWith(sig, nil) }
+
+// restartWith is restart running down, if not nil, while containerd is gone.
+func (c *ctrd) restartWith(sig syscall.Signal, down func()) {
 	c.t.Helper()
 	if c.conn != nil {
 		c.conn.Close()
@@ -759,72 +816,190 @@ func (c *ctrd) restart(sig syscall.Signal) {
 	case <-time.After(30 * time.Second):
 		c.t.Fatalf("containerd did not exit within 30 s of %v", sig)
 	}
+	if down != nil {
+		down()
+	}
 	c.start(c.binary, c.cfgPath)
 }
 
-// restarts: pods on every handler keep running across a SIGTERM and a SIGKILL of
-// containerd, and are found again with their containers (same pids, exec works).
+// restarts: pods on every handler keep running across a SIGTERM and then a SIGKILL of
+// containerd and are found again: listed READY with their containers RUNNING (same
+// pids), exec works (ExecSync and a streaming exec with stdin, through the restarted
+// streaming server), a container's log keeps growing, and a container started before
+// the restarts is stopped and removed after them. A container that exits while
+// containerd is down is reported exited once containerd is back, as on containerd's
+// runc shim: containerd 2.4.2 finds its task with no process, cleans it up as a
+// leaked shim's (core/runtime/v2/shim_load.go) and reports exit code 255, reason
+// Unknown, whatever the shim recorded.
 func (c *ctrd) restarts(t *testing.T) {
 	ctx := ctxT(t)
 	before := c.leftovers()
-	type running struct{ pod, ctr, handler string }
-	var pods []running
-	for _, h := range ctrdHandlers {
+	type running struct {
+		pod, sleeper, ticker, handler, tickLog string
+		sleeperPid, tickerPid                  int
+		// quitters exit with 3 once /tmp/quit appears in their root, one for
+		// each restart.
+		quitters   map[syscall.Signal]string
+		quitterPid map[syscall.Signal]int
+	}
+	var pods []*running
+	signals := []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL}
+	defer func() {
+		for _, p := range pods {
+			if _, err := c.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: p.pod}); err != nil {
+				t.Errorf("%s: StopPodSandbox: %v", p.handler, err)
+			}
+			if _, err := c.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: p.pod}); err != nil {
+				t.Errorf("%s: RemovePodSandbox: %v", p.handler, err)
+			}
+		}
+		c.assertClean(t, 20*time.Second, before)
+	}()
+	for _, h := range append(ctrdHandlers, ctrdLegacyHandlers...) {
 		pod := c.podConfig("restart-" + h)
 		resp, err := c.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: pod, RuntimeHandler: h})
 		if err != nil {
 			t.Fatalf("%s: RunPodSandbox: %v", h, err)
 		}
-		id, err := c.createStart(ctx, resp.PodSandboxId, pod, c.ctrConfig("sleeper", "sleep", "3600"))
-		if err != nil {
+		p := &running{pod: resp.PodSandboxId, handler: h, tickLog: filepath.Join(pod.LogDirectory, "ticker.log")}
+		pods = append(pods, p)
+		if p.sleeper, err = c.createStart(ctx, p.pod, pod, c.ctrConfig("sleeper", "sleep", "3600")); err != nil {
 			t.Fatalf("%s: %v", h, err)
 		}
-		pods = append(pods, running{resp.PodSandboxId, id, h})
-	}
-	pid := func(id string) float64 {
-		resp, err := c.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: id, Verbose: true})
-		if err != nil {
-			t.Fatalf("ContainerStatus %s: %v", id, err)
+		// The ticker also echoes its stdin, for an attach after the restarts.
+		tcfg := c.ctrConfig("ticker", "sh", "-c", "while true; do echo tick; sleep 0.1; done & exec cat")
+		tcfg.Stdin = true
+		if p.ticker, err = c.createStart(ctx, p.pod, pod, tcfg); err != nil {
+			t.Fatalf("%s: %v", h, err)
 		}
-		var info map[string]any
-		if err := json.Unmarshal([]byte(resp.GetInfo()["info"]), &info); err != nil {
-			t.Fatalf("verbose info of %s: %v", id, err)
+		p.sleeperPid, p.tickerPid = c.ctrPid(ctx, t, p.sleeper), c.ctrPid(ctx, t, p.ticker)
+		p.quitters, p.quitterPid = map[syscall.Signal]string{}, map[syscall.Signal]int{}
+		for _, sig := range signals {
+			q, err := c.createStart(ctx, p.pod, pod, c.ctrConfig(fmt.Sprintf("quitter-%d", sig), "sh", "-c", "until [ -e /tmp/quit ]; do sleep 0.05; done; exit 3"))
+			if err != nil {
+				t.Fatalf("%s: %v", h, err)
+			}
+			p.quitters[sig], p.quitterPid[sig] = q, c.ctrPid(ctx, t, q)
 		}
-		p, _ := info["pid"].(float64)
-		if resp.GetStatus().GetState() != cri.ContainerState_CONTAINER_RUNNING || p == 0 {
-			t.Errorf("container %s is %v with pid %v", id, resp.GetStatus().GetState(), info["pid"])
-		}
-		return p
 	}
-	pids := map[string]float64{}
-	for _, p := range pods {
-		pids[p.ctr] = pid(p.ctr)
-	}
-	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
-		c.restart(sig)
+	for _, sig := range signals {
+		ticks := map[string]int{}
 		for _, p := range pods {
-			ps, err := c.rt.PodSandboxStatus(ctx, &cri.PodSandboxStatusRequest{PodSandboxId: p.pod})
-			if err != nil || ps.GetStatus().GetState() != cri.PodSandboxState_SANDBOX_READY {
-				t.Errorf("%s after %v: pod %v %v", p.handler, sig, ps.GetStatus().GetState(), err)
+			ticks[p.handler] = len(readLogIfAny(t, p.tickLog))
+		}
+		quits := map[string]string{}
+		c.restartWith(sig, func() {
+			// Through the quitter's root from the host: nothing of containerd's
+			// is there to exec with.
+			for _, p := range pods {
+				if err := os.WriteFile(fmt.Sprintf("/proc/%d/root/tmp/quit", p.quitterPid[sig]), nil, 0o644); err != nil {
+					t.Errorf("%s: tell the quitter to exit: %v", p.handler, err)
+				}
 			}
-			if got := pid(p.ctr); got != pids[p.ctr] {
-				t.Errorf("%s after %v: container pid %v, was %v", p.handler, sig, got, pids[p.ctr])
+			for _, p := range pods {
+				deadline := time.Now().Add(10 * time.Second)
+				for syscall.Kill(p.quitterPid[sig], 0) == nil && time.Now().Before(deadline) {
+					time.Sleep(20 * time.Millisecond)
+				}
 			}
-			ex, err := c.rt.ExecSync(ctx, &cri.ExecSyncRequest{ContainerId: p.ctr, Cmd: []string{"echo", "alive"}, Timeout: 10})
+		})
+		list, err := c.rt.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{})
+		if err != nil {
+			t.Fatalf("after %v: ListPodSandbox: %v", sig, err)
+		}
+		ready := map[string]bool{}
+		for _, it := range list.Items {
+			ready[it.Id] = it.State == cri.PodSandboxState_SANDBOX_READY
+		}
+		for _, p := range pods {
+			if !ready[p.pod] {
+				t.Errorf("%s after %v: pod not listed READY: %v", p.handler, sig, list.Items)
+			}
+			ctrs, err := c.rt.ListContainers(ctx, &cri.ListContainersRequest{Filter: &cri.ContainerFilter{PodSandboxId: p.pod}})
+			if err != nil {
+				t.Fatalf("%s after %v: ListContainers: %v", p.handler, sig, err)
+			}
+			states := map[string]cri.ContainerState{}
+			for _, ctr := range ctrs.Containers {
+				states[ctr.Id] = ctr.State
+			}
+			for _, id := range []string{p.sleeper, p.ticker} {
+				if st, ok := states[id]; !ok || st != cri.ContainerState_CONTAINER_RUNNING {
+					t.Errorf("%s after %v: container %s listed %v (%v)", p.handler, sig, id, st, ok)
+				}
+			}
+			st := c.waitExit(ctx, t, p.quitters[sig], 10*time.Second)
+			quits[p.handler] = fmt.Sprintf("exit code %d, reason %q", st.ExitCode, st.Reason)
+			if got := c.ctrPid(ctx, t, p.sleeper); got != p.sleeperPid {
+				t.Errorf("%s after %v: sleeper pid %d, was %d", p.handler, sig, got, p.sleeperPid)
+			}
+			if got := c.ctrPid(ctx, t, p.ticker); got != p.tickerPid {
+				t.Errorf("%s after %v: ticker pid %d, was %d", p.handler, sig, got, p.tickerPid)
+			}
+			ex, err := c.rt.ExecSync(ctx, &cri.ExecSyncRequest{ContainerId: p.sleeper, Cmd: []string{"echo", "alive"}, Timeout: 10})
 			if err != nil || string(ex.GetStdout()) != "alive\n" {
 				t.Errorf("%s after %v: exec %q %v", p.handler, sig, ex.GetStdout(), err)
 			}
+			var out bytes.Buffer
+			u := c.execURL(ctx, t, &cri.ExecRequest{ContainerId: p.ticker, Cmd: []string{"cat"}, Stdin: true, Stdout: true})
+			if err := stream(ctx, t, u, spdyTransport, remotecommand.StreamOptions{Stdin: strings.NewReader("still here\n"), Stdout: &out}); err != nil || out.String() != "still here\n" {
+				t.Errorf("%s after %v: streaming exec: %q %v", p.handler, sig, out.String(), err)
+			}
+			// The container's stdin and stdout, which containerd opens again
+			// after its restart, still reach it: attach and type.
+			actx, cancel := context.WithTimeout(ctx, 15*time.Second)
+			as := attachOn(actx, t, c.rt, p.ticker, spdyTransport, false, nil)
+			line := fmt.Sprintf("typed-after-%d", sig)
+			for {
+				if _, err := as.stdin.Write([]byte(line + "\n")); err != nil {
+					t.Errorf("%s after %v: attach session ended: %v", p.handler, sig, err)
+					break
+				}
+				if as.out.wait(line, time.Second) {
+					break
+				}
+				if actx.Err() != nil {
+					t.Errorf("%s after %v: attach: no echo: %q", p.handler, sig, as.out.String())
+					break
+				}
+			}
+			as.stdin.Close()
+			as.ended(t, 10*time.Second)
+			cancel()
+			// The ticker writes 10 lines a second: more than a second's worth
+			// beyond the count before the restart shows the log still grows.
+			deadline := time.Now().Add(10 * time.Second)
+			for len(readLogIfAny(t, p.tickLog)) < ticks[p.handler]+10 {
+				if time.Now().After(deadline) {
+					t.Errorf("%s after %v: the ticker's log stays at %d lines (%d before)", p.handler, sig, len(readLogIfAny(t, p.tickLog)), ticks[p.handler])
+					break
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+		t.Logf("after %v: a container that exited while containerd was down: %v", sig, quits)
+		for _, h := range append(ctrdHandlers, ctrdLegacyHandlers...) {
+			if quits[h] != quits["runc"] {
+				t.Errorf("%s after %v: a container that exited meanwhile has %s; on runc %s", h, sig, quits[h], quits["runc"])
+			}
 		}
 	}
 	for _, p := range pods {
-		if _, err := c.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: p.pod}); err != nil {
-			t.Errorf("%s: StopPodSandbox: %v", p.handler, err)
+		if _, err := c.rt.StopContainer(ctx, &cri.StopContainerRequest{ContainerId: p.sleeper, Timeout: 5}); err != nil {
+			t.Errorf("%s: StopContainer after the restarts: %v", p.handler, err)
 		}
-		if _, err := c.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: p.pod}); err != nil {
-			t.Errorf("%s: RemovePodSandbox: %v", p.handler, err)
+		c.waitExit(ctx, t, p.sleeper, 10*time.Second)
+		if _, err := c.rt.RemoveContainer(ctx, &cri.RemoveContainerRequest{ContainerId: p.sleeper}); err != nil {
+			t.Errorf("%s: RemoveContainer after the restarts: %v", p.handler, err)
+		}
+		if err := syscall.Kill(p.sleeperPid, 0); err == nil {
+			t.Errorf("%s: the stopped sleeper's process %d is still there", p.handler, p.sleeperPid)
+		}
+		ctrs, err := c.rt.ListContainers(ctx, &cri.ListContainersRequest{Filter: &cri.ContainerFilter{PodSandboxId: p.pod}})
+		if err != nil || len(ctrs.Containers) != 1+len(signals) || slices.ContainsFunc(ctrs.Containers, func(c *cri.Container) bool { return c.Id == p.sleeper }) {
+			t.Errorf("%s: containers after removing the sleeper: %v %v", p.handler, ctrs.GetContainers(), err)
 		}
 	}
-	c.assertClean(t, 20*time.Second, before)
 }
 
 // lifecycle runs one pod through every CRI verb crictl uses on it.
@@ -885,9 +1060,15 @@ func (c *ctrd) lifecycle(t *testing.T, handler string) {
 		t.Errorf("container's eth0 %q (%v), want the pod IP %s", ex.GetStdout(), err, ps.Status.GetNetwork().GetIp())
 	}
 	// ... and the pod runs one shim, started for the pod, which containerd gives the
-	// pod's containers too (through the task API: bootstrap version 3).
+	// pod's containers too (through the task API: bootstrap version 3; or, after a
+	// legacy start, by running `start` for the container, which answers with the pod's
+	// shim).
+	// A legacy start (version 2) shares the pod's shim through the spec's sandbox id
+	// annotation, as containerd's runc shim does.
 	want := map[string]string{"runc": "containerd-shim-runc-v2"}[handler]
-	if want == "" {
+	if slices.Contains(ctrdLegacyHandlers, handler) {
+		want = ctrdLegacyShim
+	} else if want == "" {
 		want = "containerd-shim-crisp-v1"
 	}
 	var shims []string
@@ -898,6 +1079,21 @@ func (c *ctrd) lifecycle(t *testing.T, handler string) {
 	}
 	if len(shims) != 1 || shims[0] != want+" "+podID {
 		t.Errorf("new shims %q, want one %s for pod %s", shims, want, podID)
+	}
+	// How containerd started it: a bootstrap start answers version 3, a legacy start
+	// a bare address, which containerd records as version 2.
+	var boot struct {
+		Version int    `json:"version"`
+		Address string `json:"address"`
+	}
+	if b, err := os.ReadFile(filepath.Join(c.state, "io.containerd.runtime.v2.task", "k8s.io", top, "bootstrap.json")); err != nil {
+		t.Errorf("the container's bootstrap.json: %v", err)
+	} else if err := json.Unmarshal(b, &boot); err != nil {
+		t.Errorf("the container's bootstrap.json %q: %v", b, err)
+	}
+	wantVersion := map[bool]int{true: 2, false: 3}[slices.Contains(ctrdLegacyHandlers, handler)]
+	if handler != "runc" && boot.Version != wantVersion {
+		t.Errorf("the container's shim answered version %d, want %d", boot.Version, wantVersion)
 	}
 	// containerd collects stats in the background (stats_collect_period): poll.
 	deadline := time.Now().Add(15 * time.Second)
@@ -940,7 +1136,9 @@ func (c *ctrd) lifecycle(t *testing.T, handler string) {
 		t.Errorf("exits: log %q", lines)
 	}
 
-	// OOM kill.
+	// OOM kill, also as the shim's /tasks/oom event, from which containerd before 2.4
+	// alone learns of it (2.4 also reads the cgroup's counter at the exit).
+	ooms := c.oomEvents(ctx, t)
 	cfg = c.ctrConfig("hog", "sh", "-c", "x=aaaaaaaaaaaaaaaa; while true; do x=$x$x; done")
 	cfg.Linux.Resources = &cri.LinuxContainerResources{MemoryLimitInBytes: 32 << 20}
 	id, err = c.createStart(ctx, podID, pod, cfg)
@@ -950,6 +1148,9 @@ func (c *ctrd) lifecycle(t *testing.T, handler string) {
 	st = c.waitExit(ctx, t, id, 30*time.Second)
 	if st.Reason != "OOMKilled" || st.ExitCode != 137 {
 		t.Errorf("hog: reason %q exit %d, want OOMKilled 137", st.Reason, st.ExitCode)
+	}
+	if !waitChan(ooms, id, 5*time.Second) {
+		t.Errorf("hog: no /tasks/oom event for it reached containerd")
 	}
 
 	// Remove the containers, then the pod.
@@ -975,7 +1176,86 @@ func (c *ctrd) lifecycle(t *testing.T, handler string) {
 	if list, err := c.rt.ListContainers(ctx, &cri.ListContainersRequest{Filter: &cri.ContainerFilter{PodSandboxId: podID}}); err != nil || len(list.Containers) > 0 {
 		t.Errorf("containerd still lists containers of the pod: %v %v", list.GetContainers(), err)
 	}
+	// A legacy start gets no socket_dir: the shim's socket is in crisp's default
+	// dir, outside the test's, and must go with the shim.
+	if sock, ok := strings.CutPrefix(boot.Address, "unix://"); ok && handler != "runc" {
+		if _, err := os.Stat(sock); err == nil {
+			t.Errorf("the pod's shim socket %s is left", sock)
+		}
+	}
 	c.assertClean(t, 20*time.Second, before)
+}
+
+// oomEvents subscribes to containerd's /tasks/oom events (containerd's own gRPC
+// events API) and sends the id of each OOM-killed container, until ctx ends.
+func (c *ctrd) oomEvents(ctx context.Context, t *testing.T) <-chan string {
+	t.Helper()
+	const probe = "/crisp-e2e/probe"
+	events := eventsapi.NewEventsClient(c.conn)
+	stream, err := events.Subscribe(ctx, &eventsapi.SubscribeRequest{Filters: []string{`topic=="/tasks/oom"`, `topic=="` + probe + `"`}})
+	if err != nil {
+		t.Fatalf("subscribe to containerd's events: %v", err)
+	}
+	ids, live := make(chan string, 16), make(chan struct{}, 1)
+	go func() {
+		for {
+			env, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			if env.GetTopic() == probe {
+				select {
+				case live <- struct{}{}:
+				default:
+				}
+				continue
+			}
+			var ev apievents.TaskOOM
+			if proto.Unmarshal(env.GetEvent().GetValue(), &ev) == nil {
+				select {
+				case ids <- ev.ContainerID:
+				default:
+				}
+			}
+		}
+	}()
+	// Subscribe returns before containerd registers the subscriber, and an event
+	// before that is missed: publish probes until one comes back.
+	probeEv, err := anypb.New(&apievents.TaskOOM{ContainerID: "probe"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pctx := metadata.AppendToOutgoingContext(ctx, "containerd-namespace", "crisp-e2e")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := events.Publish(pctx, &eventsapi.PublishRequest{Topic: probe, Event: probeEv}); err != nil {
+			t.Fatalf("publish a probe event: %v", err)
+		}
+		select {
+		case <-live:
+			return ids
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("containerd's event subscription never delivered a probe")
+		}
+	}
+}
+
+// waitChan reports whether want arrives on ch within d.
+func waitChan(ch <-chan string, want string, d time.Duration) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		select {
+		case got := <-ch:
+			if got == want {
+				return true
+			}
+		case <-timer.C:
+			return false
+		}
+	}
 }
 
 // podStartP50 times RunPodSandbox + CreateContainer + StartContainer of one sleeping

@@ -476,7 +476,14 @@ func (e *env) portForward(ctx context.Context, t *testing.T, podID string, port 
 	if err != nil {
 		t.Fatalf("PortForward: %v", err)
 	}
-	u, _ := url.Parse(resp.Url)
+	return forwardURL(t, resp.Url, port)
+}
+
+// forwardURL forwards a free local port to port over the port-forward session at
+// rawURL (a CRI PortForward answer, from criserver or containerd).
+func forwardURL(t *testing.T, rawURL string, port int32) (int, func()) {
+	t.Helper()
+	u, _ := url.Parse(rawURL)
 	tr, up, err := spdy.RoundTripperFor(&rest.Config{})
 	if err != nil {
 		t.Fatal(err)

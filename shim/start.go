@@ -2,6 +2,7 @@ package shim
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -152,7 +153,11 @@ func Start(ctx context.Context, f Flags, stdin io.Reader, stdout io.Writer) erro
 	if err != nil {
 		return err
 	}
-	path := SocketPath(sp.socketDir, sp.address, sp.namespace, sp.id)
+	group := sp.id
+	if !sp.bootstrap {
+		group = legacyGroup(sp.bundle, sp.id)
+	}
+	path := SocketPath(sp.socketDir, sp.address, sp.namespace, group)
 	if len(path) > maxSocketPath {
 		return fmt.Errorf("socket path %q is longer than %d bytes: use a shorter socket_dir", path, maxSocketPath)
 	}
@@ -179,6 +184,33 @@ func Start(ctx context.Context, f Flags, stdin io.Reader, stdout io.Writer) erro
 		return fmt.Errorf("write start result: %w", err)
 	}
 	return nil
+}
+
+// legacyGroup is the id whose shim serves the task of a legacy start: the group its
+// bundle's spec names, else the id itself. A legacy caller (containerd 1.6-2.2) reads
+// the bare address this shim prints as task API version 2 and so runs `start` for
+// each of a pod's containers too; as with containerd's runc shim, they then share
+// the pod's shim instead of getting one shim each. Bootstrap callers (containerd
+// 2.3+, crisp's controller) hand a pod's containers to its shim themselves.
+func legacyGroup(bundle, id string) string {
+	data, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return id
+	}
+	var spec struct {
+		Annotations map[string]string `json:"annotations"`
+	}
+	if err := json.Unmarshal(data, &spec); err != nil {
+		return id
+	}
+	// The annotations naming the group, in the order containerd's runc shim reads
+	// them (cmd/containerd-shim-runc-v2/manager).
+	for _, k := range []string{"io.containerd.runc.v2.group", "io.kubernetes.cri.sandbox-id"} {
+		if g := spec.Annotations[k]; g != "" {
+			return g
+		}
+	}
+	return id
 }
 
 // listen binds the socket, or reports existing=true when a live shim already listens

@@ -3,6 +3,8 @@ package shim
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -152,5 +154,31 @@ func TestChildEnv(t *testing.T) {
 		if strings.HasPrefix(kv, "GOMAXPROCS=") && kv != "GOMAXPROCS=1" {
 			t.Fatalf("legacy child env keeps %s", kv)
 		}
+	}
+}
+
+func TestLegacyGroup(t *testing.T) {
+	tests := []struct {
+		name, spec, want string
+	}{
+		{name: "no spec", want: "ctr1"},
+		{name: "malformed spec", spec: "{", want: "ctr1"},
+		{name: "no annotation", spec: `{"annotations":{"other":"x"}}`, want: "ctr1"},
+		{name: "cri sandbox id", spec: `{"annotations":{"io.kubernetes.cri.sandbox-id":"pod1"}}`, want: "pod1"},
+		{name: "runc group first", spec: `{"annotations":{"io.kubernetes.cri.sandbox-id":"pod1","io.containerd.runc.v2.group":"g"}}`, want: "g"},
+		{name: "empty group", spec: `{"annotations":{"io.containerd.runc.v2.group":"","io.kubernetes.cri.sandbox-id":"pod1"}}`, want: "pod1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if tt.spec != "" {
+				if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(tt.spec), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := legacyGroup(dir, "ctr1"); got != tt.want {
+				t.Errorf("legacyGroup = %q, want %q", got, tt.want)
+			}
+		})
 	}
 }

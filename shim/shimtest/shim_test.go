@@ -108,6 +108,24 @@ func TestStart(t *testing.T) {
 			if pid := readPid(t, bundle); pid != s.pid {
 				t.Errorf("second start spawned shim %d; %d already serves the id", pid, s.pid)
 			}
+			if !tt.opts.bootstrap {
+				// A legacy caller (containerd 1.6-2.2) runs start for each of the
+				// pod's containers too: the spec's sandbox id gives them the pod's
+				// shim, as containerd's runc shim does.
+				ctrBundle := t.TempDir()
+				spec := `{"annotations":{"io.kubernetes.cri.sandbox-id":"` + id + `"}}`
+				if err := os.WriteFile(filepath.Join(ctrBundle, "config.json"), []byte(spec), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				if got := runStart(t, id+"-ctr", ns, addr, ctrBundle, tt.opts); !bytes.Equal(got, out) {
+					t.Errorf("a container's start printed %q, want the pod's %q", got, out)
+				}
+				if _, err := os.Stat(filepath.Join(ctrBundle, "shim.pid")); !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("a container's start spawned a shim of its own (%v)", err)
+					own := &shimProc{t: t, id: id + "-ctr", ns: ns, addr: addr, bundle: ctrBundle, pid: readPid(t, ctrBundle)}
+					t.Cleanup(own.cleanup)
+				}
+			}
 
 			if _, err := s.sb.ShutdownSandbox(ctxT(t), &sandboxapi.ShutdownSandboxRequest{SandboxID: id}); err != nil {
 				t.Fatalf("shutdown: %v", err)

@@ -107,6 +107,50 @@ func TestOOMWatchV2CheckWithoutEvent(t *testing.T) {
 	}
 }
 
+// TestOOMWatchReportsKillSeenAtExit: when the exit reads the counter before the event
+// reader does (a container killed at once, as a memory hog is), the kill is still
+// reported, once: containerd before 2.4 learns of it only from the TaskOOM event
+// that onKill publishes (containerd 2.2.9 reported such a container as Error).
+func TestOOMWatchReportsKillSeenAtExit(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		ownGone  bool // the container's memory.events is gone at exit (systemd scope)
+		wantKill bool
+	}{
+		{"own counter", false, true},
+		{"own counter gone, the pod's counted it", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			node := v2test.New(t)
+			pod := node.Mkdir("/pod")
+			node.Write(pod, map[string]string{"memory.events": memoryEvents(0, 0, 0)})
+			dir := node.Mkdir("/pod/crisp-c1")
+			node.Write(dir, map[string]string{"memory.events": memoryEvents(0, 0, 0)})
+			var kills atomic.Int32
+			w, err := watchOOMIn(dir, true, discard(), func() { kills.Add(1) })
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.stop() // the event is never read: the exit sees the kill first
+			node.Write(pod, map[string]string{"memory.events": memoryEvents(1, 1, 1)})
+			if tc.ownGone {
+				if err := os.RemoveAll(dir); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				node.Write(dir, map[string]string{"memory.events": memoryEvents(1, 1, 1)})
+			}
+			if got := w.checkExit(true); got != tc.wantKill {
+				t.Fatalf("checkExit = %v, want %v", got, tc.wantKill)
+			}
+			w.checkExit(true)
+			if got := kills.Load(); got != 1 {
+				t.Errorf("onKill ran %d times, want once", got)
+			}
+		})
+	}
+}
+
 // TestOOMWatchV2ScopeGoneAtExit: under the systemd driver the container's scope (and
 // its memory.events) may be gone before the exit is checked, the event unread. The
 // pod's memory.events, which counts its children's kills, then decides, but only for

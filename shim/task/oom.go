@@ -37,6 +37,11 @@ type oomWatch struct {
 	parent     string
 	parentBase uint64
 	killed     atomic.Bool
+	// reported is taken by whichever of the event reader and checkExit sees the
+	// kill first, which then runs onKill: containerd before 2.4 learns of the kill
+	// only from that (a TaskOOM event), and an exit often reaches checkExit first.
+	reported atomic.Bool
+	onKill   func()
 	// ev is the eventfd (v1) or inotify fd (v2), read through the runtime poller so that
 	// watching costs a parked goroutine and no thread.
 	ev  *os.File
@@ -52,7 +57,7 @@ func watchOOM(dir string, log *slog.Logger, onKill func()) (*oomWatch, error) {
 // else dir/memory.oom_control through an eventfd. Tests point it at a directory in a
 // v2 node's layout.
 func watchOOMIn(dir string, v2 bool, log *slog.Logger, onKill func()) (*oomWatch, error) {
-	w := &oomWatch{log: log}
+	w := &oomWatch{log: log, onKill: onKill}
 	if v2 {
 		w.file = filepath.Join(dir, "memory.events")
 	} else {
@@ -75,7 +80,7 @@ func watchOOMIn(dir string, v2 bool, log *slog.Logger, onKill func()) (*oomWatch
 	if err != nil {
 		return nil, err
 	}
-	go w.run(v2, onKill)
+	go w.run(v2)
 	return w, nil
 }
 
@@ -116,7 +121,7 @@ func (w *oomWatch) openInotify() error {
 	return nil
 }
 
-func (w *oomWatch) run(v2 bool, onKill func()) {
+func (w *oomWatch) run(v2 bool) {
 	// Big enough for an eventfd counter and for several inotify events of a watch on
 	// a file (they carry no name).
 	var buf [8 * unix.SizeofInotifyEvent]byte
@@ -125,9 +130,16 @@ func (w *oomWatch) run(v2 bool, onKill func()) {
 			// Closed by stop, or the cgroup is gone.
 			return
 		}
-		if !w.killed.Load() && w.check() {
-			onKill()
+		if w.check() {
+			w.report()
 		}
+	}
+}
+
+// report runs onKill, once for the watch.
+func (w *oomWatch) report() {
+	if w.reported.CompareAndSwap(false, true) {
+		w.onKill()
 	}
 }
 
@@ -148,20 +160,23 @@ func (w *oomWatch) check() bool {
 // When the container's own counter is gone (its scope removed), a rise of the parent's
 // counter since the start stands for it, but only for a SIGKILLed init: a container
 // that exited by itself was not the victim of a sibling's OOM kill.
+// A kill seen here first is reported (onKill) here.
 func (w *oomWatch) checkExit(sigkill bool) bool {
 	if n, err := readOOMKills(w.file); err == nil {
 		if n > w.base {
 			w.killed.Store(true)
 		}
-		return w.killed.Load()
-	}
-	if !w.killed.Load() && sigkill && w.parent != "" {
+	} else if !w.killed.Load() && sigkill && w.parent != "" {
 		if n, err := readOOMKills(w.parent); err == nil && n > w.parentBase {
 			w.log.Debug("container cgroup gone at exit; OOM kill counted by its parent", "parent", w.parent)
 			w.killed.Store(true)
 		}
 	}
-	return w.killed.Load()
+	killed := w.killed.Load()
+	if killed {
+		w.report()
+	}
+	return killed
 }
 
 func (w *oomWatch) stop() {
