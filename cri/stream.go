@@ -19,6 +19,7 @@ import (
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 	utilexec "k8s.io/utils/exec"
 
+	"github.com/crisp-runtime/crisp/config"
 	"github.com/crisp-runtime/crisp/controller"
 	"github.com/crisp-runtime/crisp/streaming"
 )
@@ -142,6 +143,11 @@ func (s *Service) PortForward(_ context.Context, req *runtime.PortForwardRequest
 	if _, err := s.readyPod(p.rec.ID); err != nil {
 		return nil, toStatus(err)
 	}
+	if ns := sandboxNetstack(s.cfg.Runtimes[p.rec.Handler]); ns != "" {
+		return nil, toStatus(fmt.Errorf("port-forward to pod %s: runtime handler %q runs the pod's network in %s, inside its sandbox; "+
+			"the pod's network namespace, where port-forward connects to the port, holds none of the pod's sockets "+
+			"(containerd fails alike: google/gvisor#3811): %w", p.rec.ID, p.rec.Handler, ns, errdefs.ErrNotImplemented))
+	}
 	for _, port := range req.GetPort() {
 		if port <= 0 || port > 65535 {
 			return nil, toStatus(invalid("port %d is out of range", port))
@@ -156,6 +162,24 @@ func (s *Service) PortForward(_ context.Context, req *runtime.PortForwardRequest
 		return nil, toStatus(fmt.Errorf("port-forward url: %w", err))
 	}
 	return resp, nil
+}
+
+// gvisorOptionsType is the TypeUrl of gVisor's shim options, as gVisor documents its
+// shim's config for containerd.
+const gvisorOptionsType = "io.containerd.runsc.v1.options"
+
+// sandboxNetstack names the network stack that a handler's sandbox runs inside itself
+// instead of using the pod's network namespace: gVisor's, whose shim a task-only
+// handler names or whose options it sends. It is "" for the others (runc, crisp's
+// shim), whose containers' sockets are the namespace's.
+func sandboxNetstack(rt config.Runtime) string {
+	if rt.Mode() != config.SandboxModeTask {
+		return ""
+	}
+	if typ, _ := rt.Options["TypeUrl"].(string); typ == gvisorOptionsType || filepath.Base(rt.Shim) == "containerd-shim-runsc-v1" {
+		return "gVisor's netstack"
+	}
+	return ""
 }
 
 func (s *Service) readyPod(id string) (*controller.Status, error) {
