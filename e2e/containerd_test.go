@@ -111,7 +111,11 @@ type ctrd struct {
 	pause   string
 }
 
-func newContainerd(t *testing.T) *ctrd {
+// ctrdOption changes a containerd's config (and its ctrd, e.g. pathEnv) before it
+// starts: how a test adds a runtime handler of its own.
+type ctrdOption func(c *ctrd, config *string)
+
+func newContainerd(t *testing.T, opts ...ctrdOption) *ctrd {
 	t.Helper()
 	needRoot(t)
 	ctrdBin := containerdBinDir(t)
@@ -194,6 +198,9 @@ func newContainerd(t *testing.T) *ctrd {
 	cfg := fmt.Sprintf(ctrdConfig, c.root, c.state, c.socket, c.socket+".ttrpc",
 		filepath.Join(dir, "opt"), c.sockDir, c.pause, filepath.Join(dir, "certs.d"),
 		filepath.Join(dir, "runc"), netd)
+	for _, o := range opts {
+		o(c, &cfg)
+	}
 	cfgPath := filepath.Join(dir, "config.toml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
