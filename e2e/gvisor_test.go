@@ -241,6 +241,7 @@ var gvChecks = []gvCheck{
 	{"stats", gvCheckStats},
 	{"update-resources", gvCheckUpdate},
 	{"oom", gvCheckOOM},
+	{"oom-pod", gvCheckPodOOM},
 	{"stop-remove", gvCheckStopRemove},
 	{"runtime-kill9-restart", gvCheckRestart},
 	{"shim-killed", gvCheckShimKilled},
@@ -473,6 +474,45 @@ func gvCheckOOM(ctx context.Context, t *testing.T, g *gvTarget) {
 	if got := g.waitLog(t, st.LogPath, 5*time.Second, func(l []string) bool { return len(l) > 0 }); !slices.Equal(got, []string{"stdout 100000000"}) {
 		t.Errorf("hog's log %q, want the 100000000 bytes it held", got)
 	}
+}
+
+// gvCheckPodOOM: the pod's cgroup (kubelet's, here made by the test) limits memory
+// and a container goes past it: the host's OOM killer kills in the sandbox's cgroup,
+// the Sentry with it, so the whole pod. gVisor's shim reports the OOM of its
+// sandbox's cgroup as a TaskOOM event for every container of the sandbox, and
+// containerd reports each as OOMKilled; crisp must do the same. Neither container's
+// cgroup counts the kill (they hold no process: the Sentry does).
+func gvCheckPodOOM(ctx context.Context, t *testing.T, g *gvTarget) {
+	podCg := filepath.Join(g.cgroup, "gv-oompod")
+	mem := filepath.Join("/sys/fs/cgroup/memory", podCg)
+	if err := os.MkdirAll(mem, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(mem)
+	if err := os.WriteFile(filepath.Join(mem, "memory.limit_in_bytes"), []byte(fmt.Sprint(96<<20)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pod := g.pod("gv-oompod")
+	pod.Linux.CgroupParent = podCg
+	resp, err := g.rt().RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: pod, RuntimeHandler: gvisorHandler})
+	if err != nil {
+		t.Fatalf("RunPodSandbox: %v", err)
+	}
+	podID := resp.PodSandboxId
+	defer g.stopRemove(ctx, t, podID)
+	bystander := g.runCtr(ctx, t, podID, pod, ctrConfig("bystander", g.img, "sleep", "3600"))
+	hog := g.runCtr(ctx, t, podID, pod, ctrConfig("hog", g.img, "sh", "-c", "head -c 300000000 /dev/zero | tail | wc -c"))
+	hs := g.waitExit(ctx, t, hog, 60*time.Second)
+	bs := g.waitExit(ctx, t, bystander, 20*time.Second)
+	t.Logf("%s: hog: exit %d reason %q; bystander: exit %d reason %q", g.name, hs.ExitCode, hs.Reason, bs.ExitCode, bs.Reason)
+	for _, st := range []*cri.ContainerStatus{hs, bs} {
+		if st.Reason != "OOMKilled" || st.ExitCode == 0 {
+			t.Errorf("%s after its sandbox's OOM kill: exit %d reason %q, want OOMKilled", st.GetMetadata().GetName(), st.ExitCode, st.Reason)
+		}
+	}
+	waitFor(t, 10*time.Second, "the pod reported not ready", func() bool {
+		return g.podState(ctx, t, podID).State == cri.PodSandboxState_SANDBOX_NOTREADY
+	})
 }
 
 // gvCheckStopRemove: StopContainer escalates to SIGKILL past its timeout; containers
