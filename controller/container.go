@@ -247,6 +247,7 @@ func (c *Controller) DeleteContainer(ctx context.Context, sandboxID, id string) 
 		return err
 	}
 	c.tasks.DropIO(id)
+	c.tasks.ForgetOOM(id)
 	if err := os.RemoveAll(c.opts.containerBundle(id)); err != nil {
 		return fmt.Errorf("remove bundle of container %s: %w", id, err)
 	}
@@ -413,10 +414,15 @@ func (c *Controller) ReopenContainerLog(ctx context.Context, sandboxID, id strin
 
 // OOMKilled reports whether the container's cgroup saw an OOM kill. A task-only shim
 // is asked for the cgroup's oom_kill counter (task Stats), which it can read until
-// the container is deleted.
+// the container is deleted, unless it reported the kill with a TaskOOM event.
 func (c *Controller) OOMKilled(ctx context.Context, sandboxID, id string) (bool, error) {
 	if c.isTaskOnly(sandboxID) {
 		m, err := c.ContainerMetrics(ctx, sandboxID, id)
+		// Looked at after Stats, which gives a TaskOOM sent along with the exit time
+		// to arrive (gVisor's shim sends it as its sandbox dies, so Stats fails).
+		if c.tasks.OOMReported(id) {
+			return true, nil
+		}
 		if err != nil {
 			return false, err
 		}

@@ -39,6 +39,8 @@ type Sandboxer struct {
 	// ios copy the output of task-only shims' containers, by container id.
 	iosMu sync.Mutex
 	ios   map[string]*IO
+	// oom are the containers shims reported OOM kills of (events.go).
+	oom oomSet
 }
 
 // New encodes the runtime options of every task-only handler of cfg.Runtimes.
