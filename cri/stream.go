@@ -16,6 +16,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	vnetns "github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 	utilexec "k8s.io/utils/exec"
 
@@ -561,11 +562,40 @@ func (sf *streamFIFOs) startStdin(in io.Reader, eof func()) {
 	w := sf.stdin
 	go func() {
 		_, err := io.Copy(w, in)
+		// Our end is the FIFO's only one until the shim's reader opens, and a FIFO
+		// whose last end closes drops what it holds: the client's input, and the
+		// shim's EOF with it (its reader then waits for a writer that never comes).
+		// containerd's shims and gVisor's open their ends in goroutines, so an
+		// exec's Start may return before they are open.
+		waitDrained(w, stdinDrainMax)
 		w.Close()
 		if err == nil {
 			eof()
 		}
 	}()
+}
+
+// stdinDrainMax bounds how long a session's stdin waits for the shim to read what it
+// was given before closing: a shim that never opened its end never will.
+const stdinDrainMax = 5 * time.Second
+
+// waitDrained waits up to max for the FIFO f (our end, open read-write) to hold no
+// unread bytes (TIOCINQ, i.e. FIONREAD): once the shim read them, they are past the
+// FIFO.
+func waitDrained(f *os.File, max time.Duration) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return
+	}
+	deadline := time.Now().Add(max)
+	for {
+		n := 0
+		cerr := rc.Control(func(fd uintptr) { n, err = unix.IoctlGetInt(int(fd), unix.TIOCINQ) })
+		if cerr != nil || err != nil || n == 0 || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 }
 
 func (sf *streamFIFOs) outputDone() <-chan struct{} { return sf.outDone }
