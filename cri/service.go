@@ -180,12 +180,21 @@ func (s *Service) handlerFeatures(name string) *runtime.RuntimeHandlerFeatures {
 	return &runtime.RuntimeHandlerFeatures{RecursiveReadOnlyMounts: s.rroSupported, UserNamespaces: s.usernsSupported}
 }
 
+// usernsHostNetwork: user-namespaced pods on the host network can run here. A
+// runtime-wide feature in the CRI, though only crisp's own shims run user-namespaced
+// pods (handlerFeatures says which handlers do).
+func (s *Service) usernsHostNetwork() bool {
+	return s.usernsSupported && s.rroSupported
+}
+
 // Status reports whether the runtime and the pod network are ready, and the features
 // kubelet checks before using them: per runtime handler recursive read-only mounts
 // (when the kernel has mount_setattr: the OCI spec's "rro" option is what every
 // handler's shim gets, and shim-runc's libcontainer applies it), user namespaces (when
 // the kernel can idmap the snapshots' filesystem, see spec.IDMappedMountsSupported),
-// and for the runtime SupplementalGroupsPolicy Strict.
+// and for the runtime SupplementalGroupsPolicy Strict and user-namespaced pods on the
+// host network (kubelet's UserNamespacesHostNetworkSupport reads it; offered with user
+// namespaces and mount_setattr, which the bound /sys of such pods needs).
 func (s *Service) Status(_ context.Context, req *runtime.StatusRequest) (*runtime.StatusResponse, error) {
 	runtimeReady := &runtime.RuntimeCondition{Type: runtime.RuntimeReady, Status: true}
 	networkReady := &runtime.RuntimeCondition{Type: runtime.NetworkReady, Status: true}
@@ -198,7 +207,7 @@ func (s *Service) Status(_ context.Context, req *runtime.StatusRequest) (*runtim
 		Status: &runtime.RuntimeStatus{Conditions: []*runtime.RuntimeCondition{runtimeReady, networkReady}},
 		// cri/spec resolves supplemental groups itself and honours Strict (no groups
 		// from the image's /etc/group); ContainerStatus.user reports the result.
-		Features: &runtime.RuntimeFeatures{SupplementalGroupsPolicy: true},
+		Features: &runtime.RuntimeFeatures{SupplementalGroupsPolicy: true, UserNamespacesHostNetwork: s.usernsHostNetwork()},
 	}
 	for _, name := range s.cfg.HandlerNames() {
 		resp.RuntimeHandlers = append(resp.RuntimeHandlers, &runtime.RuntimeHandler{Name: name, Features: s.handlerFeatures(name)})

@@ -23,6 +23,15 @@ func goodPod() *runtime.PodSandboxConfig {
 	}
 }
 
+// usernsPod gives c the namespace options ns with a user namespace of the given mode
+// (kubelet's range for hostUsers: false: 0 -> 100000, 65536 ids).
+func usernsPod(c *runtime.PodSandboxConfig, mode runtime.NamespaceMode, ns *runtime.NamespaceOption) *runtime.PodSandboxConfig {
+	m := []*runtime.IDMapping{{ContainerId: 0, HostId: 100000, Length: 65536}}
+	ns.UsernsOptions = &runtime.UserNamespace{Mode: mode, Uids: m, Gids: m}
+	c.Linux.SecurityContext = &runtime.LinuxSandboxSecurityContext{NamespaceOptions: ns}
+	return c
+}
+
 func TestValidatePodConfig(t *testing.T) {
 	cases := []struct {
 		name    string
@@ -72,6 +81,42 @@ func TestValidatePodConfig(t *testing.T) {
 			c.Linux.Sysctls = map[string]string{"net.ipv4.ip_forward": "1"}
 			return c
 		}, wantErr: "host network"},
+		{name: "userns on host network", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
+			return usernsPod(c, runtime.NamespaceMode_POD, &runtime.NamespaceOption{Network: runtime.NamespaceMode_NODE})
+		}},
+		{name: "userns on host network with an ipc sysctl", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
+			c = usernsPod(c, runtime.NamespaceMode_POD, &runtime.NamespaceOption{Network: runtime.NamespaceMode_NODE})
+			c.Linux.Sysctls = map[string]string{"kernel.shm_rmid_forced": "1"}
+			return c
+		}},
+		{name: "userns on host network with a net sysctl", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
+			c = usernsPod(c, runtime.NamespaceMode_POD, &runtime.NamespaceOption{Network: runtime.NamespaceMode_NODE})
+			c.Linux.Sysctls = map[string]string{"net.ipv4.ip_unprivileged_port_start": "80"}
+			return c
+		}, wantErr: "cannot be set in a pod that uses the host network"},
+		{name: "userns mode CONTAINER on host network", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
+			return usernsPod(c, runtime.NamespaceMode_CONTAINER, &runtime.NamespaceOption{Network: runtime.NamespaceMode_NODE})
+		}, wantErr: "mode CONTAINER is not supported"},
+		{name: "userns mode TARGET on host network", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
+			return usernsPod(c, runtime.NamespaceMode_TARGET, &runtime.NamespaceOption{Network: runtime.NamespaceMode_NODE})
+		}, wantErr: "mode TARGET is not supported"},
+		{name: "userns on host network and ipc", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
+			return usernsPod(c, runtime.NamespaceMode_POD, &runtime.NamespaceOption{Network: runtime.NamespaceMode_NODE, Ipc: runtime.NamespaceMode_NODE})
+		}, wantErr: "host ipc namespace"},
+		{name: "userns on host network and pid", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
+			return usernsPod(c, runtime.NamespaceMode_POD, &runtime.NamespaceOption{Network: runtime.NamespaceMode_NODE, Pid: runtime.NamespaceMode_NODE})
+		}, wantErr: "host pid namespace"},
+		{name: "privileged userns on host network", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
+			c = usernsPod(c, runtime.NamespaceMode_POD, &runtime.NamespaceOption{Network: runtime.NamespaceMode_NODE})
+			c.Linux.SecurityContext.Privileged = true
+			return c
+		}, wantErr: "cannot be privileged"},
+		{name: "userns with two ranges on host network", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
+			c = usernsPod(c, runtime.NamespaceMode_POD, &runtime.NamespaceOption{Network: runtime.NamespaceMode_NODE})
+			u := c.Linux.SecurityContext.NamespaceOptions.UsernsOptions
+			u.Uids = append(u.Uids, &runtime.IDMapping{ContainerId: 65536, HostId: 300000, Length: 10})
+			return c
+		}, wantErr: "exactly one uid mapping"},
 		{name: "slash sysctl ok", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
 			c.Linux.Sysctls = map[string]string{"net/ipv4/ping_group_range": "0 1"}
 			return c

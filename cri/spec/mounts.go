@@ -63,6 +63,8 @@ type mountsInput struct {
 	rroSupported bool
 	// userNS is the pod's user namespace; nil for the host's.
 	userNS *UserNS
+	// hostNetwork: the pod uses the host's network namespace.
+	hostNetwork bool
 }
 
 // buildMounts returns the container's mounts and the rootfs propagation they need:
@@ -124,6 +126,17 @@ func buildMounts(in mountsInput) ([]specs.Mount, string, error) {
 	for _, m := range defaultMounts(in.privileged, in.cgroupNS) {
 		if taken[m.Destination] || (taken["/dev"] && strings.HasPrefix(m.Destination, "/dev/")) {
 			continue
+		}
+		if m.Destination == "/sys" && in.userNS != nil && in.hostNetwork {
+			// The kernel lets only a holder of CAP_SYS_ADMIN over the user namespace
+			// owning the network namespace mount sysfs: the host's network belongs to
+			// the initial one, so a user-namespaced container on it gets EPERM. The
+			// host's /sys is bound instead, read-only down to every submount, as
+			// containerd does for the same pods.
+			if !in.rroSupported {
+				return nil, "", failedPreconditionf("a user-namespaced pod on the host network needs /sys bound recursively read-only, which needs mount_setattr (Linux 5.12 or later)")
+			}
+			m = specs.Mount{Destination: "/sys", Type: "bind", Source: "/sys", Options: []string{"rbind", "rro", "nosuid", "nodev", "noexec"}}
 		}
 		out = append(out, m)
 	}

@@ -186,6 +186,7 @@ func Generate(in Input) (*Result, error) {
 		cgroupNS:     cgroupNS,
 		rroSupported: in.RecursiveReadOnlyMounts,
 		userNS:       userNS,
+		hostNetwork:  hostNetwork,
 	})
 	if err != nil {
 		return nil, err

@@ -117,16 +117,21 @@ func ContainerUserNS(ctr, pod *runtime.NamespaceOption) (*UserNS, error) {
 }
 
 // CheckPodUserNS refuses the pod settings a user-namespaced pod cannot have, as
-// kubelet's validation does for hostUsers: false: the host's network, IPC or PID
-// namespace (the pod's own namespaces are created inside its user namespace, the
-// host's belong to the initial one), and privileged pods.
+// kubelet's validation does for hostUsers: false: the host's IPC or PID namespace (the
+// pod's own namespaces are created inside its user namespace, the host's belong to the
+// initial one and would be out of its root's reach), and privileged pods. The host
+// network is allowed, as containerd 2.x allows it (user_namespaces_host_network;
+// Kubernetes sends it with the UserNamespacesHostNetworkSupport feature gate): the pod
+// keeps the host's network and UTS namespaces, which its root cannot change since they
+// belong to the initial user namespace.
 func CheckPodUserNS(pod *runtime.PodSandboxConfig) error {
 	sc := pod.GetLinux().GetSecurityContext()
 	ns := sc.GetNamespaceOptions()
-	for name, mode := range map[string]runtime.NamespaceMode{"network": ns.GetNetwork(), "ipc": ns.GetIpc(), "pid": ns.GetPid()} {
-		if mode == runtime.NamespaceMode_NODE {
-			return invalidf("a pod with a user namespace cannot use the host %s namespace (hostUsers: false excludes host%s)", name, map[string]string{"network": "Network", "ipc": "IPC", "pid": "PID"}[name])
-		}
+	if ns.GetIpc() == runtime.NamespaceMode_NODE {
+		return invalidf("a pod with a user namespace cannot use the host ipc namespace (hostUsers: false excludes hostIPC)")
+	}
+	if ns.GetPid() == runtime.NamespaceMode_NODE {
+		return invalidf("a pod with a user namespace cannot use the host pid namespace (hostUsers: false excludes hostPID)")
 	}
 	if sc.GetPrivileged() {
 		return invalidf("a pod with a user namespace cannot be privileged")

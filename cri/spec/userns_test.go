@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -115,10 +116,14 @@ func TestCheckPodUserNS(t *testing.T) {
 		wantErr string
 	}{
 		{name: "own namespaces", ns: &runtime.NamespaceOption{Pid: runtime.NamespaceMode_CONTAINER}},
-		{name: "host network", ns: &runtime.NamespaceOption{Network: runtime.NamespaceMode_NODE}, wantErr: "host network namespace"},
+		// containerd's user_namespaces_host_network: allowed.
+		{name: "host network", ns: &runtime.NamespaceOption{Network: runtime.NamespaceMode_NODE}},
 		{name: "host ipc", ns: &runtime.NamespaceOption{Ipc: runtime.NamespaceMode_NODE}, wantErr: "host ipc namespace"},
 		{name: "host pid", ns: &runtime.NamespaceOption{Pid: runtime.NamespaceMode_NODE}, wantErr: "host pid namespace"},
+		{name: "host network and ipc", ns: &runtime.NamespaceOption{Network: runtime.NamespaceMode_NODE, Ipc: runtime.NamespaceMode_NODE}, wantErr: "host ipc namespace"},
+		{name: "host network and pid", ns: &runtime.NamespaceOption{Network: runtime.NamespaceMode_NODE, Pid: runtime.NamespaceMode_NODE}, wantErr: "host pid namespace"},
 		{name: "privileged", ns: &runtime.NamespaceOption{}, priv: true, wantErr: "cannot be privileged"},
+		{name: "privileged on host network", ns: &runtime.NamespaceOption{Network: runtime.NamespaceMode_NODE}, priv: true, wantErr: "cannot be privileged"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := CheckPodUserNS(&runtime.PodSandboxConfig{Linux: &runtime.LinuxPodSandboxConfig{
@@ -198,6 +203,84 @@ func TestGenerateUserNS(t *testing.T) {
 		Uids: []*runtime.IDMapping{idmap(0, 200000, 65536)}, Gids: []*runtime.IDMapping{idmap(0, 200000, 65536)}}
 	_, err = Generate(in)
 	wantErr(t, err, isInvalid, "differ from the pod's")
+}
+
+// TestGenerateUserNSHostNetwork: a container of a user-namespaced pod on the host
+// network (containerd's user_namespaces_host_network) joins the pod's user, IPC and PID
+// namespaces, stays in the host's network and UTS namespaces, keeps its idmapped
+// volumes and the pod's hosts and resolv.conf, and gets the host's /sys bound
+// read-only (sysfs cannot be mounted from a user namespace that does not own the
+// network namespace).
+func TestGenerateUserNSHostNetwork(t *testing.T) {
+	setHost(t, defaultHost())
+	r := idmap(0, 100000, 65536)
+	vol := t.TempDir()
+	podDir := t.TempDir()
+	for _, f := range []string{"hosts", "resolv.conf", "hostname"} {
+		if err := os.WriteFile(filepath.Join(podDir, f), []byte("x\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hostNetUserns := func() Input {
+		in := baseInput(t)
+		for _, ns := range []*runtime.NamespaceOption{in.Pod.Linux.SecurityContext.NamespaceOptions, sc(in).NamespaceOptions} {
+			ns.Network, ns.Pid = runtime.NamespaceMode_NODE, runtime.NamespaceMode_POD
+		}
+		in.NetNSPath = ""
+		in.PodFilesDir = podDir
+		in.Pod.Linux.SecurityContext.NamespaceOptions.UsernsOptions = podUserns([]*runtime.IDMapping{r}, []*runtime.IDMapping{r}).UsernsOptions
+		in.Config.Mounts = []*runtime.Mount{{ContainerPath: "/data", HostPath: vol}}
+		return in
+	}
+	in := hostNetUserns()
+	s := mustGenerate(t, in).Spec
+	equal(t, "namespaces", s.Linux.Namespaces, []specs.LinuxNamespace{
+		{Type: specs.IPCNamespace, Path: "/proc/100/ns/ipc"},
+		{Type: specs.PIDNamespace, Path: "/proc/100/ns/pid"},
+		{Type: specs.MountNamespace},
+		{Type: specs.CgroupNamespace},
+		{Type: specs.UserNamespace, Path: "/proc/100/ns/user"},
+	})
+	equal(t, "/sys", findMount(s, "/sys"), &specs.Mount{Destination: "/sys", Type: "bind", Source: "/sys",
+		Options: []string{"rbind", "rro", "nosuid", "nodev", "noexec"}})
+	if m := findMount(s, cgroupMountDst); m == nil || m.Type != "cgroup" {
+		t.Errorf("cgroup mount %+v, want the container's own cgroup mount over the bound /sys", m)
+	}
+	data := findMount(s, "/data")
+	if data == nil || !slices.Contains(data.Options, "idmap") || len(data.UIDMappings) != 1 || data.UIDMappings[0].HostID != 100000 {
+		t.Errorf("volume %+v, want an idmapped bind with the pod's range", data)
+	}
+	for _, f := range []struct{ file, dst string }{{"hosts", etcHosts}, {"resolv.conf", etcResolvConf}, {"hostname", etcHostname}} {
+		if m := findMount(s, f.dst); m == nil || m.Source != filepath.Join(podDir, f.file) || m.UIDMappings != nil {
+			t.Errorf("%s mount %+v, want the pod's %s, not idmapped", f.dst, m, f.file)
+		}
+	}
+
+	// Without a user namespace a host-network pod mounts sysfs as any other.
+	in = hostNetUserns()
+	in.Pod.Linux.SecurityContext.NamespaceOptions.UsernsOptions = nil
+	in.Config.Mounts = nil
+	if m := findMount(mustGenerate(t, in).Spec, "/sys"); m == nil || m.Type != "sysfs" {
+		t.Errorf("/sys of a host-network pod without a user namespace = %+v, want sysfs", m)
+	}
+	// Nor does a user-namespaced pod with a network namespace of its own.
+	in = baseInput(t)
+	in.Pod.Linux.SecurityContext.NamespaceOptions.UsernsOptions = podUserns([]*runtime.IDMapping{r}, []*runtime.IDMapping{r}).UsernsOptions
+	if m := findMount(mustGenerate(t, in).Spec, "/sys"); m == nil || m.Type != "sysfs" {
+		t.Errorf("/sys of a user-namespaced pod with its own network = %+v, want sysfs", m)
+	}
+
+	// A kernel without mount_setattr could not make the bound /sys read-only below.
+	in = hostNetUserns()
+	in.RecursiveReadOnlyMounts = false
+	_, err := Generate(in)
+	wantErr(t, err, isFailedPrecondition, "mount_setattr")
+
+	// A net sysctl cannot be set on the host network, user namespace or not.
+	in = hostNetUserns()
+	in.Pod.Linux.Sysctls = map[string]string{"net.ipv4.ip_unprivileged_port_start": "80"}
+	_, err = Generate(in)
+	wantErr(t, err, isInvalid, "host network")
 }
 
 func TestIDMappedMountsSupported(t *testing.T) {

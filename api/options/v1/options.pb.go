@@ -102,7 +102,9 @@ type SandboxOptions struct {
 	// userns, when set, gives the pod its own user namespace with these mappings. The
 	// pause process creates it together with the pod's network, IPC, UTS and PID
 	// namespaces, which it then owns; the pod's network namespace is the pause's own
-	// (netns_path must be empty) and the controller pins it after StartSandbox.
+	// (netns_path must be empty) and the controller pins it after StartSandbox. A pod
+	// with network NODE (and uts NODE) keeps the host's network and UTS namespaces
+	// and gets its own IPC and PID namespaces inside the user namespace.
 	Userns        *UserNamespace `protobuf:"bytes,10,opt,name=userns,proto3" json:"userns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
