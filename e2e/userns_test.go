@@ -267,12 +267,13 @@ func TestE2EUserns(t *testing.T) {
 // UserNamespacesHostNetworkSupport; containerd's user_namespaces_host_network), as
 // containerd 2.x runs one: a new user namespace with the pod's mappings owning the
 // pod's own IPC and PID namespaces, the host's network and UTS namespaces. Inside, the
-// container is root of the mapping, sees the host's interfaces (a dummy link the test
-// adds) and hostname, /etc/hosts and resolv.conf, serves on the host's loopback, and
-// cannot change the host's network even with CAP_NET_ADMIN (the host's netns belongs
-// to the initial user namespace); its rootfs and hostPath volume are idmapped; the
-// host's /sys is bound read-only (sysfs cannot be mounted there). The pod survives
-// criserver's kill -9 and leaves nothing behind.
+// container is root of the mapping; it sees the host's interfaces (a bridge the test
+// adds), hostname, /etc/hosts and resolv.conf; it serves on the host's loopback
+// (reached from the host directly and through PortForward); and it cannot change the
+// host's network even with CAP_NET_ADMIN, nor bind a privileged port (the host's netns
+// belongs to the initial user namespace). Its rootfs and hostPath volume are
+// idmapped; the host's /sys is bound read-only (sysfs cannot be mounted there). The
+// pod survives criserver's kill -9 and leaves nothing behind.
 func TestE2EUsernsHostNetwork(t *testing.T) {
 	e := newEnv(t)
 	// The container's root is host uid 100000: it must be able to reach its rootfs
@@ -447,6 +448,19 @@ func TestE2EUsernsHostNetwork(t *testing.T) {
 	if string(body) != "served from a user namespace\n" {
 		t.Errorf("GET %s = %q", url, body)
 	}
+	// kubectl port-forward reaches it too: the pod's network is the host's.
+	local, stopForward := e.portForward(ctx, t, podID, int32(port))
+	fwURL := fmt.Sprintf("http://127.0.0.1:%d/hostfile", local)
+	if resp, err := http.Get(fwURL); err != nil {
+		t.Errorf("GET %s through PortForward: %v", fwURL, err)
+	} else {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || string(b) != string(body) {
+			t.Errorf("GET %s through PortForward: %s %q", fwURL, resp.Status, b)
+		}
+	}
+	stopForward()
 
 	// The capability is there, and still the host's network cannot be changed: the
 	// host's netns belongs to the initial user namespace, where the container has none.
