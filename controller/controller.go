@@ -90,9 +90,11 @@ type Status struct {
 	ShimPid       int
 	Address       string
 	NetNS         string
-	CreatedAt     time.Time
-	ExitedAt      time.Time
-	ShimAlive     bool
+	// Namespace is the containerd namespace the pod's shim was started in.
+	Namespace string
+	CreatedAt time.Time
+	ExitedAt  time.Time
+	ShimAlive bool
 }
 
 // record is the persisted part of a sandbox.
@@ -892,6 +894,7 @@ func (sb *sandbox) status() *Status {
 		ShimPid:       sb.shimPid,
 		Address:       sb.rec.Address,
 		NetNS:         sb.rec.NetNS,
+		Namespace:     sb.rec.Namespace,
 		CreatedAt:     sb.rec.CreatedAt,
 		ExitedAt:      sb.rec.ExitedAt,
 		ShimAlive:     sb.client != nil && !sb.shimDead,

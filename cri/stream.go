@@ -22,6 +22,7 @@ import (
 
 	"github.com/crisp-runtime/crisp/config"
 	"github.com/crisp-runtime/crisp/controller"
+	"github.com/crisp-runtime/crisp/runscpf"
 	"github.com/crisp-runtime/crisp/streaming"
 )
 
@@ -144,10 +145,12 @@ func (s *Service) PortForward(_ context.Context, req *runtime.PortForwardRequest
 	if _, err := s.readyPod(p.rec.ID); err != nil {
 		return nil, toStatus(err)
 	}
-	if ns := sandboxNetstack(s.cfg.Runtimes[p.rec.Handler]); ns != "" {
-		return nil, toStatus(fmt.Errorf("port-forward to pod %s: runtime handler %q runs the pod's network in %s, inside its sandbox; "+
-			"the pod's network namespace, where port-forward connects to the port, holds none of the pod's sockets "+
-			"(containerd fails alike: google/gvisor#3811): %w", p.rec.ID, p.rec.Handler, ns, errdefs.ErrNotImplemented))
+	if rt := s.cfg.Runtimes[p.rec.Handler]; sandboxNetstack(rt) != "" {
+		// Each connection reads the runsc options again; a broken file fails here,
+		// where the caller sees why, rather than on every connection.
+		if _, err := runscOptions(rt); err != nil {
+			return nil, toStatus(fmt.Errorf("port-forward to pod %s: runtime handler %q: %w", p.rec.ID, p.rec.Handler, errdefs.ErrFailedPrecondition.WithMessage(err.Error())))
+		}
 	}
 	for _, port := range req.GetPort() {
 		if port <= 0 || port > 65535 {
@@ -171,8 +174,9 @@ const gvisorOptionsType = "io.containerd.runsc.v1.options"
 
 // sandboxNetstack names the network stack that a handler's sandbox runs inside itself
 // instead of using the pod's network namespace: gVisor's, whose shim a task-only
-// handler names or whose options it sends. It is "" for the others (runc, crisp's
-// shim), whose containers' sockets are the namespace's.
+// handler names or whose options it sends, and whose ports port-forward reaches
+// through runsc. It is "" for the others (runc, crisp's shim), whose containers'
+// sockets are the namespace's.
 func sandboxNetstack(rt config.Runtime) string {
 	if rt.Mode() != config.SandboxModeTask {
 		return ""
@@ -353,7 +357,9 @@ func (r *streamRuntime) forwardResize(done <-chan struct{}, resize <-chan stream
 	}
 }
 
-// PortForward connects stream to 127.0.0.1:port inside the pod's network namespace.
+// PortForward connects stream to 127.0.0.1:port inside the pod's network namespace,
+// or, for a handler whose sandbox runs its own network stack (gVisor), inside that
+// stack through the sandbox.
 func (r *streamRuntime) PortForward(ctx context.Context, podSandboxID string, port int32, stream io.ReadWriteCloser) error {
 	p, err := r.s.resolvePod(podSandboxID)
 	if err != nil {
@@ -363,7 +369,12 @@ func (r *streamRuntime) PortForward(ctx context.Context, podSandboxID string, po
 	if err != nil {
 		return err
 	}
-	conn, err := dialInNetNS(ctx, st.NetNS, port)
+	var conn net.Conn
+	if rt := r.s.cfg.Runtimes[p.rec.Handler]; sandboxNetstack(rt) != "" {
+		conn, err = r.s.dialSandbox(ctx, rt, st, port)
+	} else {
+		conn, err = dialInNetNS(ctx, st.NetNS, port)
+	}
 	if err != nil {
 		return fmt.Errorf("port-forward to port %d of pod %s: %w", port, p.rec.ID, err)
 	}
@@ -371,10 +382,11 @@ func (r *streamRuntime) PortForward(ctx context.Context, podSandboxID string, po
 
 	go func() {
 		// Client → pod. When the client finishes sending, half-close so the server
-		// in the pod sees EOF but can still answer.
+		// in the pod sees EOF but can still answer. (Through gVisor the Sentry turns
+		// the half-close into a full one: its proxy has no half-closed state.)
 		_, _ = io.Copy(conn, stream)
-		if tc, ok := conn.(*net.TCPConn); ok {
-			_ = tc.CloseWrite()
+		if hc, ok := conn.(interface{ CloseWrite() error }); ok {
+			_ = hc.CloseWrite()
 		}
 	}()
 	back := make(chan error, 1)
@@ -394,6 +406,29 @@ func (r *streamRuntime) PortForward(ctx context.Context, podSandboxID string, po
 		<-back
 	}
 	return nil
+}
+
+// dialSandbox connects to 127.0.0.1:port in the network stack of a gVisor pod's
+// sandbox through runsc, run as the handler's options (ConfigPath) tell gVisor's shim
+// to run it. The pod's sandbox container is the root container of the sandbox and
+// has the pod's id.
+func (s *Service) dialSandbox(ctx context.Context, rt config.Runtime, st *controller.Status, port int32) (net.Conn, error) {
+	rc, err := runscOptions(rt)
+	if err != nil {
+		return nil, err
+	}
+	ns := st.Namespace
+	if ns == "" {
+		ns = "k8s.io" // the controller's default, for records written before it was kept
+	}
+	return rc.Dial(ctx, filepath.Join(s.cfg.StateDir, "portforward"), ns, st.ID, port)
+}
+
+// runscOptions reads the runsc options file of a gVisor handler (its ConfigPath), as
+// gVisor's shim reads it for each container; without one, the shim's defaults.
+func runscOptions(rt config.Runtime) (runscpf.Config, error) {
+	path, _ := rt.Options["ConfigPath"].(string)
+	return runscpf.Load(path)
 }
 
 // dialInNetNS dials a TCP port on loopback inside the network namespace at nsPath
