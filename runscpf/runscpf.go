@@ -126,65 +126,56 @@ func (c Config) Dial(ctx context.Context, dir, namespace, containerID string, po
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	// fail kills runsc if it still runs, reaps it and says why the connection failed,
-	// with what runsc wrote.
-	fail := func(why error) error {
-		_ = cmd.Process.Kill()
-		werr := <-exited
-		if msg := strings.TrimSpace(stderr.String()); msg != "" {
-			return fmt.Errorf("runsc port-forward to port %d of %s: %w: %s", port, containerID, why, msg)
-		}
-		if werr != nil && why == nil {
-			why = werr
-		}
-		return fmt.Errorf("runsc port-forward to port %d of %s: %w", port, containerID, why)
-	}
-
 	accepted := make(chan *net.UnixConn, 1)
 	go func() {
 		conn, err := l.AcceptUnix()
 		if err != nil {
-			accepted <- nil
-			return
+			conn = nil
 		}
 		accepted <- conn
 	}()
-	var conn *net.UnixConn
-	select {
-	case conn = <-accepted:
-		if conn == nil {
-			return nil, fail(errors.New("accept on the port-forward socket failed"))
-		}
-	case err := <-exited:
-		// runsc ended without connecting: it could not load the sandbox.
-		exited <- err
-		return nil, fail(exitError(err))
-	case <-ctx.Done():
-		return nil, fail(ctx.Err())
-	}
-	// runsc exits once the Sentry took its end and connected to the port, or failed
-	// to: only its exit status says which.
-	select {
-	case err := <-exited:
-		if err != nil {
+	// abandon ends the accept and closes what it may have accepted; the listener
+	// must stay open until then, since closing it drops a connection not yet
+	// accepted.
+	abandon := func() {
+		l.Close()
+		if conn := <-accepted; conn != nil {
 			conn.Close()
-			exited <- err
-			return nil, fail(exitError(err))
 		}
-	case <-ctx.Done():
-		conn.Close()
-		return nil, fail(ctx.Err())
 	}
-	return conn, nil
-}
+	// failure says why the connection failed, with what runsc wrote.
+	failure := func(why error) error {
+		if msg := strings.TrimSpace(stderr.String()); msg != "" {
+			return fmt.Errorf("runsc port-forward: %w: %s", why, msg)
+		}
+		return fmt.Errorf("runsc port-forward: %w", why)
+	}
 
-// exitError is err of runsc's Wait, or, when it exited 0 before connecting, an error
-// saying so.
-func exitError(err error) error {
-	if err == nil {
-		return errors.New("runsc exited without connecting to the port-forward socket")
+	// runsc connects, hands its end to the Sentry and exits: 0 once the Sentry
+	// connected to the port, otherwise the Sentry's error on stderr.
+	var werr error
+	select {
+	case werr = <-exited:
+	case <-ctx.Done():
+		_ = cmd.Process.Kill()
+		<-exited
+		abandon()
+		return nil, failure(ctx.Err())
 	}
-	return err
+	if werr != nil {
+		abandon()
+		return nil, failure(werr)
+	}
+	select {
+	case conn := <-accepted:
+		if conn == nil {
+			return nil, failure(errors.New("accept on the port-forward socket failed"))
+		}
+		return conn, nil
+	case <-ctx.Done():
+		abandon()
+		return nil, failure(errors.New("runsc exited 0 without connecting to the port-forward socket"))
+	}
 }
 
 // limitedBuffer keeps the first stderrLimit bytes written to it. Wait's copy
