@@ -222,8 +222,9 @@ func (s *Service) sweepOrphans(ctx context.Context) {
 }
 
 // sweepTempDirs removes the state dir's temporaries: a rootfs mounted to resolve
-// users (rootfs-*), a checkpoint being unpacked (restore-*), and the FIFOs of exec and
-// attach sessions, which all ended with the process that served them.
+// users (rootfs-*), a checkpoint being unpacked (restore-*), the FIFOs of exec and
+// attach sessions and the sockets of gVisor port-forwards, which all ended with the
+// process that served them.
 func (s *Service) sweepTempDirs() {
 	entries, _ := os.ReadDir(s.cfg.StateDir)
 	var errs []error
@@ -236,7 +237,7 @@ func (s *Service) sweepTempDirs() {
 				errs = append(errs, err)
 				continue
 			}
-		case strings.HasPrefix(name, "restore-"), name == "exec", name == "attach":
+		case strings.HasPrefix(name, "restore-"), name == "exec", name == "attach", name == portForwardDir:
 		default:
 			continue
 		}

@@ -421,8 +421,12 @@ func (s *Service) dialSandbox(ctx context.Context, rt config.Runtime, st *contro
 	if ns == "" {
 		ns = "k8s.io" // the controller's default, for records written before it was kept
 	}
-	return rc.Dial(ctx, filepath.Join(s.cfg.StateDir, "portforward"), ns, st.ID, port)
+	return rc.Dial(ctx, filepath.Join(s.cfg.StateDir, portForwardDir), ns, st.ID, port)
 }
+
+// portForwardDir is the state dir's directory of the unix sockets that runsc
+// port-forward connects to, one private directory per connection being set up.
+const portForwardDir = "portforward"
 
 // runscOptions reads the runsc options file of a gVisor handler (its ConfigPath), as
 // gVisor's shim reads it for each container; without one, the shim's defaults.
