@@ -110,9 +110,13 @@ run: deps build
 
 # test runs the unit tests and the end-to-end tests (the latter need root), then the
 # node tests in the node VM (test-node below). SKIP_NODE=1 leaves the VM out.
-test: deps criu containerd gvisor
+# test runs vet, every package's tests, then critest through containerd 2.4.2 on
+# crisp's handlers against containerd's own (SKIP_CRITEST=1 leaves it out, ~5 min) and
+# the node VM (SKIP_NODE=1 leaves it out, ~5 min).
+test: deps criu containerd gvisor critest
 	CGO_ENABLED=1 $(GO) vet -tags '$(TAGS)' ./...
 	CGO_ENABLED=1 $(GO) test -tags '$(TAGS)' -count=1 -p 1 -timeout 20m ./...
+	@if [ -z "$(SKIP_CRITEST)" ]; then $(MAKE) --no-print-directory critest-containerd; fi
 	@if [ -z "$(SKIP_NODE)" ]; then $(MAKE) --no-print-directory test-node; fi
 
 # test-node runs the node tests (NODE_RUN of NODE_PKG: e2e's TestNode*) on a real node
