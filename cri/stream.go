@@ -16,7 +16,6 @@ import (
 
 	"github.com/containerd/errdefs"
 	vnetns "github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 	utilexec "k8s.io/utils/exec"
 
@@ -226,7 +225,7 @@ func (r *streamRuntime) Exec(ctx context.Context, containerID string, cmd []stri
 
 	if err := s.ctrl.Exec(ctx, controller.ExecSpec{
 		SandboxID: rec.PodID, ContainerID: rec.ID, ExecID: execID, Process: proc, Terminal: tty,
-		Stdin: sio.path(sio.stdin), Stdout: sio.path(sio.stdout), Stderr: sio.path(sio.stderr),
+		Stdin: sio.stdinPath, Stdout: sio.path(sio.stdout), Stderr: sio.path(sio.stderr),
 	}); err != nil {
 		return err
 	}
@@ -287,7 +286,7 @@ func (r *streamRuntime) Attach(ctx context.Context, containerID string, in io.Re
 		return err
 	}
 	defer sio.close()
-	if err := s.ctrl.Attach(ctx, rec.PodID, rec.ID, sio.path(sio.stdin), sio.path(sio.stdout), sio.path(sio.stderr)); err != nil {
+	if err := s.ctrl.Attach(ctx, rec.PodID, rec.ID, sio.stdinPath, sio.path(sio.stdout), sio.path(sio.stderr)); err != nil {
 		return err
 	}
 	sio.closeKeepAlive()
@@ -480,12 +479,20 @@ func dialInNetNS(ctx context.Context, nsPath string, port int32) (net.Conn, erro
 // streamFIFOs is the FIFOs of one session: stdin written by us, stdout and stderr
 // read by us and copied to the client.
 type streamFIFOs struct {
-	id                    string
-	dir                   string
-	stdin, stdout, stderr *os.File // our ends; nil when the client did not ask
-	keep                  []*os.File
-	outWG                 sync.WaitGroup
-	outDone               chan struct{}
+	id  string
+	dir string
+	// stdinPath is the stdin FIFO, "" when the client has none. Our writer on it is
+	// opened only once the shim's reader is (see startStdin).
+	stdinPath      string
+	stdout, stderr *os.File // our read ends; nil when the client did not ask
+	keep           []*os.File
+	// stdinMu guards stdin, our writer on the stdin FIFO, and the closing of ended.
+	stdinMu sync.Mutex
+	stdin   *os.File
+	// ended is closed by close: a writer still waiting for the shim's reader gives up.
+	ended   chan struct{}
+	outWG   sync.WaitGroup
+	outDone chan struct{}
 	// wrote gets a token (without blocking) whenever output was copied to the client;
 	// never closed.
 	wrote     chan struct{}
@@ -519,7 +526,7 @@ func openStreamFIFOs(parent string, in io.Reader, out, errw io.Writer, tty bool)
 	if tty {
 		errw = nil
 	}
-	sf := &streamFIFOs{id: id, dir: dir, outDone: make(chan struct{}), wrote: make(chan struct{}, 1)}
+	sf := &streamFIFOs{id: id, dir: dir, outDone: make(chan struct{}), wrote: make(chan struct{}, 1), ended: make(chan struct{})}
 	defer func() {
 		if retErr != nil {
 			sf.close()
@@ -537,10 +544,7 @@ func openStreamFIFOs(parent string, in io.Reader, out, errw io.Writer, tty bool)
 		if err != nil {
 			return nil, err
 		}
-		// O_RDWR opens without waiting for the shim's reader; we never read from it.
-		if sf.stdin, err = os.OpenFile(p, os.O_RDWR, 0); err != nil {
-			return nil, fmt.Errorf("open fifo %s: %w", p, err)
-		}
+		sf.stdinPath = p
 	}
 	for _, o := range []struct {
 		name string
@@ -591,49 +595,78 @@ func (sf *streamFIFOs) closeKeepAlive() {
 	sf.keep = nil
 }
 
+// stdinOpenRetry bounds the pause between two attempts of openStdin to find the
+// shim's reader of the stdin FIFO.
+const stdinOpenRetry = 20 * time.Millisecond
+
 // startStdin copies the client's stdin into the FIFO; on the client's EOF it closes
-// our end and calls eof. The goroutine ends at the latest when the library closes the
-// connection after the session, which fails the pending read.
+// our end and calls eof (CloseIO). It writes only once the shim's reader of the FIFO
+// is open: containerd's shims (and gVisor's) open their reader in a goroutine that
+// may run after the exec's Start returned, and a FIFO whose last writer leaves before that reader
+// came drops what it held, and then blocks the reader's open for good, so the process
+// would never read EOF. Waiting for the shim to drain what was written does not
+// cover an empty input, which leaves nothing to drain. containerd's CRI waits the
+// same way: it opens its end O_WRONLY, which completes only with a reader there. The goroutine ends at the latest
+// when the library closes the connection after the session, which fails the pending
+// read.
 func (sf *streamFIFOs) startStdin(in io.Reader, eof func()) {
-	if in == nil || sf.stdin == nil {
+	if in == nil || sf.stdinPath == "" {
 		return
 	}
-	w := sf.stdin
 	go func() {
-		_, err := io.Copy(w, in)
-		// Our end is the FIFO's only one until the shim's reader opens, and a FIFO
-		// whose last end closes drops what it holds: the client's input, and the
-		// shim's EOF with it (its reader then waits for a writer that never comes).
-		// containerd's shims and gVisor's open their ends in goroutines, so an
-		// exec's Start may return before they are open.
-		waitDrained(w, stdinDrainMax)
-		w.Close()
+		w, err := sf.openStdin()
+		if err != nil {
+			return // the session ended first, or the FIFO is gone with it
+		}
+		_, err = io.Copy(w, in)
+		sf.closeStdin()
 		if err == nil {
 			eof()
 		}
 	}()
 }
 
-// stdinDrainMax bounds how long a session's stdin waits for the shim to read what it
-// was given before closing: a shim that never opened its end never will.
-const stdinDrainMax = 5 * time.Second
-
-// waitDrained waits up to max for the FIFO f (our end, open read-write) to hold no
-// unread bytes (TIOCINQ, i.e. FIONREAD): once the shim read them, they are past the
-// FIFO.
-func waitDrained(f *os.File, max time.Duration) {
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return
-	}
-	deadline := time.Now().Add(max)
+// openStdin opens our writer on the stdin FIFO once the FIFO has a reader: an
+// O_WRONLY|O_NONBLOCK open fails with ENXIO until then. It gives up when the session
+// ends.
+func (sf *streamFIFOs) openStdin() (*os.File, error) {
+	delay := time.Millisecond
 	for {
-		n := 0
-		cerr := rc.Control(func(fd uintptr) { n, err = unix.IoctlGetInt(int(fd), unix.TIOCINQ) })
-		if cerr != nil || err != nil || n == 0 || time.Now().After(deadline) {
-			return
+		f, err := os.OpenFile(sf.stdinPath, os.O_WRONLY|syscall.O_NONBLOCK, 0)
+		if err == nil {
+			sf.stdinMu.Lock()
+			defer sf.stdinMu.Unlock()
+			select {
+			case <-sf.ended:
+				f.Close()
+				return nil, errStreamEnded
+			default:
+			}
+			sf.stdin = f
+			return f, nil
 		}
-		time.Sleep(2 * time.Millisecond)
+		if !errors.Is(err, syscall.ENXIO) {
+			return nil, fmt.Errorf("open fifo %s: %w", sf.stdinPath, err)
+		}
+		select {
+		case <-sf.ended:
+			return nil, errStreamEnded
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, stdinOpenRetry)
+	}
+}
+
+// errStreamEnded: the session ended before the shim opened the stdin FIFO.
+var errStreamEnded = errors.New("stream session ended")
+
+// closeStdin closes our writer on the stdin FIFO, if open.
+func (sf *streamFIFOs) closeStdin() {
+	sf.stdinMu.Lock()
+	defer sf.stdinMu.Unlock()
+	if sf.stdin != nil {
+		sf.stdin.Close()
+		sf.stdin = nil
 	}
 }
 
@@ -680,7 +713,12 @@ func (sf *streamFIFOs) waitQuiet(stop, exited <-chan struct{}, quiet, longest ti
 func (sf *streamFIFOs) close() {
 	sf.closeOnce.Do(func() {
 		sf.closeKeepAlive()
-		for _, f := range []*os.File{sf.stdin, sf.stdout, sf.stderr} {
+		sf.stdinMu.Lock()
+		close(sf.ended)
+		sf.stdinMu.Unlock()
+		// Also fails a write blocked on a process that does not read its stdin.
+		sf.closeStdin()
+		for _, f := range []*os.File{sf.stdout, sf.stderr} {
 			if f != nil {
 				f.Close()
 			}
