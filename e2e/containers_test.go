@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -96,6 +97,36 @@ func logLines(t *testing.T, path string) []string {
 	return out
 }
 
+// eventually polls cond until it holds (true) or within passes (false): for a state
+// that settles after the call that causes it returned, which one look can miss.
+func eventually(within time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return true
+}
+
+// waitLogLine waits until the CRI log at path (which may not exist yet) has line
+// ("stdout text"), and returns its lines; the test fails if it does not within.
+func waitLogLine(t *testing.T, path, line string, within time.Duration) []string {
+	t.Helper()
+	var got []string
+	if !eventually(within, func() bool {
+		got = nil
+		if _, err := os.Stat(path); err == nil {
+			got = logLines(t, path)
+		}
+		return slices.Contains(got, line)
+	}) {
+		t.Fatalf("log %s: %q after %v, want a line %q", path, got, within, line)
+	}
+	return got
+}
+
 func (e *env) execSync(ctx context.Context, id string, timeout int64, cmd ...string) (*cri.ExecSyncResponse, error) {
 	return e.rt.ExecSync(ctx, &cri.ExecSyncRequest{ContainerId: id, Cmd: cmd, Timeout: timeout})
 }
@@ -131,7 +162,8 @@ func TestE2EContainerLifecycleAndLogs(t *testing.T) {
 	}
 
 	// ExecSync against a running container.
-	run := e.runCtr(ctx, podID, pod, ctrConfig("sleeper", img, "sh", "-c", "trap '' TERM; sleep 1000 & wait"))
+	// "trapped" tells when the shell ignores SIGTERM: the stop below must come after.
+	run := e.runCtr(ctx, podID, pod, ctrConfig("sleeper", img, "sh", "-c", "trap '' TERM; echo trapped; sleep 1000 & wait"))
 	resp, err := e.execSync(ctx, run, 10, "echo", "hi")
 	if err != nil || string(resp.Stdout) != "hi\n" || resp.ExitCode != 0 {
 		t.Fatalf("exec echo: %v %v", resp, err)
@@ -157,6 +189,7 @@ func TestE2EContainerLifecycleAndLogs(t *testing.T) {
 		t.Fatalf("label filter: %v", list)
 	}
 	// The shell ignores SIGTERM: the timeout's SIGKILL ends it.
+	waitLogLine(t, filepath.Join(pod.LogDirectory, "sleeper.log"), "stdout trapped", 10*time.Second)
 	start = time.Now()
 	if _, err := e.rt.StopContainer(ctx, &cri.StopContainerRequest{ContainerId: run, Timeout: 1}); err != nil {
 		t.Fatal(err)
@@ -381,10 +414,9 @@ func TestE2EContainersSurviveKill9(t *testing.T) {
 	logPath := st.Status.LogPath
 	e.kill9()
 	before := len(logLines(t, logPath))
-	time.Sleep(2 * time.Second)
-	after := len(logLines(t, logPath))
-	if after <= before+5 {
-		t.Errorf("log did not keep growing while criserver was down: %d -> %d lines", before, after)
+	after := before
+	if !eventually(10*time.Second, func() bool { after = len(logLines(t, logPath)); return after > before+5 }) {
+		t.Errorf("log did not keep growing while criserver was down: %d -> %d lines in 10 s", before, after)
 	}
 	e.start()
 	rs, err := e.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: ticker})
@@ -469,19 +501,14 @@ func TestE2EUpdateResourcesAndReopenLog(t *testing.T) {
 	}
 	// Rotate as kubelet does: rename, then ReopenContainerLog.
 	logPath := st.Status.LogPath
-	time.Sleep(200 * time.Millisecond)
+	waitLogLine(t, logPath, "stdout tick", 10*time.Second)
 	if err := os.Rename(logPath, logPath+".1"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.rt.ReopenContainerLog(ctx, &cri.ReopenContainerLogRequest{ContainerId: id}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
-	rotated := len(logLines(t, logPath+".1"))
-	fresh := len(logLines(t, logPath))
-	if rotated == 0 || fresh == 0 {
-		t.Errorf("after rotation: %d lines in the old file, %d in the new", rotated, fresh)
-	}
+	waitLogLine(t, logPath, "stdout tick", 10*time.Second)
 	e.stopRemove(ctx, t, podID)
 	e.assertNodeClean(t)
 	if _, err := e.rt.ReopenContainerLog(ctx, &cri.ReopenContainerLogRequest{ContainerId: id}); status.Code(err) != codes.NotFound {
