@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"math"
+	"path/filepath"
 	"regexp"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -84,14 +86,16 @@ func TestE2EConformance(t *testing.T) {
 
 	t.Run("timeouts of math.MaxInt64 seconds mean no limit", func(t *testing.T) {
 		// The shell exits 0 on SIGTERM: an immediate SIGKILL (exit 137) would show a
-		// stop timeout that wrapped around.
-		id := e.runCtr(ctx, podID, pod, ctrConfig("patient", img, "sh", "-c", `trap "exit 0" TERM; sleep 1000 & wait`))
+		// stop timeout that wrapped around. The stop waits for "trapped": a SIGTERM
+		// before the trap is set would end the shell with 143.
+		id := e.runCtr(ctx, podID, pod, ctrConfig("patient", img, "sh", "-c", `trap "exit 0" TERM; echo trapped; sleep 1000 & wait`))
 		resp, err := e.execSync(ctx, id, math.MaxInt64, "echo", "hi")
 		if err != nil {
 			t.Errorf("ExecSync with timeout MaxInt64: %v", err)
 		} else if string(resp.GetStdout()) != "hi\n" || resp.GetExitCode() != 0 {
 			t.Errorf("ExecSync = stdout %q exit %d, want \"hi\\n\" exit 0", resp.GetStdout(), resp.GetExitCode())
 		}
+		waitLogLine(t, filepath.Join(pod.LogDirectory, "patient.log"), "stdout trapped", 10*time.Second)
 		if _, err := e.rt.StopContainer(ctx, &cri.StopContainerRequest{ContainerId: id, Timeout: math.MaxInt64}); err != nil {
 			t.Fatalf("StopContainer with timeout MaxInt64: %v", err)
 		}

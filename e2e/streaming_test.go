@@ -378,12 +378,17 @@ func TestE2EStreaming(t *testing.T) {
 		}
 		sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 		t.Logf("echo exec round-trip over SPDY (Exec RPC + session), %d runs: p50 %v p99 %v", n, lat[n/2], lat[n*99/100])
-		time.Sleep(500 * time.Millisecond)
-		shimFD1, shimG1 := shimCounts()
-		fd1, task1 := countDir(t, crisFD), countDir(t, crisTask)
+		// The last sessions' fds and goroutines go after they returned: wait for the
+		// counts to settle; a leak never does.
+		var shimFD1, shimG1, fd1, task1 int
+		settled := eventually(10*time.Second, func() bool {
+			shimFD1, shimG1 = shimCounts()
+			fd1, task1 = countDir(t, crisFD), countDir(t, crisTask)
+			return shimFD1 <= shimFD0+2 && shimG1 <= shimG0+2 && fd1 <= fd0+5 && task1 <= task0+5
+		})
 		t.Logf("after %d execs: shim fds %d -> %d, shim goroutines %d -> %d, criserver fds %d -> %d, threads %d -> %d",
 			n, shimFD0, shimFD1, shimG0, shimG1, fd0, fd1, task0, task1)
-		if shimFD1 > shimFD0+2 || shimG1 > shimG0+2 || fd1 > fd0+5 || task1 > task0+5 {
+		if !settled {
 			t.Errorf("leak after %d execs: shim fds %d -> %d, shim goroutines %d -> %d, criserver fds %d -> %d, threads %d -> %d",
 				n, shimFD0, shimFD1, shimG0, shimG1, fd0, fd1, task0, task1)
 		}
