@@ -2,6 +2,7 @@ package cri
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,9 +21,15 @@ const shimLateness = 200 * time.Millisecond
 // of an exec's stdin FIFO in goroutines (containerd/fifo with O_NONBLOCK) that may run
 // after its Start returned: the client's input and its EOF (CloseIO) must wait for the
 // shim's reader, or the input is lost with the pipe and the shim's reader, opened
-// after every writer left, blocks for ever and the process never reads EOF.
+// after every writer left, blocks for ever and the process never reads EOF. An empty
+// input (`kubectl exec -i ... </dev/null`) must wait too: there is nothing to drain.
 func TestStreamStdinWaitsForShimReader(t *testing.T) {
-	const input = "fed\n"
+	for _, input := range []string{"fed\n", ""} {
+		t.Run(fmt.Sprintf("%q", input), func(t *testing.T) { testStdinWaitsForShimReader(t, input) })
+	}
+}
+
+func testStdinWaitsForShimReader(t *testing.T, input string) {
 	sio, err := openStreamFIFOs(t.TempDir(), strings.NewReader(input), nil, nil, false)
 	if err != nil {
 		t.Fatal(err)
