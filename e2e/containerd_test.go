@@ -1121,6 +1121,8 @@ func (c *ctrd) lifecycle(t *testing.T, handler string) {
 	if st, err := c.rt.PodSandboxStats(ctx, &cri.PodSandboxStatsRequest{PodSandboxId: podID}); err != nil || st.Stats.GetLinux().GetMemory() == nil {
 		t.Errorf("PodSandboxStats: %v %v", st, err)
 	}
+	// "started" follows the trap: a stop before it would end the shell with 143.
+	ctrdWaitLog(t, filepath.Join(pod.LogDirectory, "top.log"), "stdout started", 5*time.Second)
 	if _, err := c.rt.StopContainer(ctx, &cri.StopContainerRequest{ContainerId: top, Timeout: 10}); err != nil {
 		t.Errorf("StopContainer: %v", err)
 	}
@@ -1128,7 +1130,6 @@ func (c *ctrd) lifecycle(t *testing.T, handler string) {
 		cs.Status.State != cri.ContainerState_CONTAINER_EXITED || cs.Status.ExitCode != 0 {
 		t.Errorf("after StopContainer: %v %v", cs.GetStatus(), err)
 	}
-	ctrdWaitLog(t, filepath.Join(pod.LogDirectory, "top.log"), "stdout started", 5*time.Second)
 
 	// Exit code and logs.
 	id, err := c.createStart(ctx, podID, pod, c.ctrConfig("exits", "sh", "-c", "echo hello; echo oops >&2; exit 3"))
