@@ -20,6 +20,7 @@ import (
 
 	options "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/api/shimapi"
+	"github.com/crisp-runtime/crisp/atomicfile"
 	"github.com/crisp-runtime/crisp/mount"
 )
 
@@ -300,11 +301,7 @@ func updateSpecResources(path string, res *specs.LinuxResources) error {
 	if raw, err = json.Marshal(&s); err != nil {
 		return fmt.Errorf("encode %s: %w", path, err)
 	}
-	tmp := path + ".update"
-	if err := os.WriteFile(tmp, raw, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return atomicfile.Write(path, raw, 0o600)
 }
 
 // ExecSpec is one process to run in a container.
