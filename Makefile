@@ -98,8 +98,8 @@ critest-containerd: deps containerd critest
 		CGO_ENABLED=1 $(GO) test -tags '$(TAGS)' -count=1 -p 1 -timeout 120m \
 		-run '^TestE2EContainerdCritest$$' -v ./e2e/
 
-# gvisor builds runsc and containerd-shim-runsc-v1 (hack/gvisor.sh, one documented
-# patch) into /var/cache/crisp/gvisor-<version> (GVISOR_CACHE) for e2e/gvisor_test.go;
+# gvisor builds runsc and containerd-shim-runsc-v1 (hack/gvisor.sh, two documented
+# patches) into /var/cache/crisp/gvisor-<version> (GVISOR_CACHE) for e2e/gvisor_test.go;
 # a no-op when the cached binaries are there.
 gvisor:
 	hack/gvisor.sh
