@@ -29,7 +29,7 @@
 #   Nothing else changes. See docs/gvisor.md for the strace and the kernel's rule.
 #
 # 2. runsc/boot/portforward, the Sentry's proxy behind `runsc port-forward` (crisp's
-#   PortForward on gVisor). Three fixes, nothing else changes:
+#   PortForward on gVisor). Four fixes, nothing else changes:
 #   - Short writes. doCopy reads up to 16 kB from one side and called the other
 #     side's Write once, ignoring its count. netstackConn.Write (towards the pod) is
 #     tcpip Endpoint.Write with WriteOptions{Atomic: true}, which queues only what
@@ -45,12 +45,16 @@
 #     which the Sentry's seccomp filter allows) and ends alone; readFrom carries the
 #     answer and closes both when the pod closes, as a half-closed TCP connection
 #     under runc does. Errors and an EOF from the pod still close both at once.
+#   - Duplicated bytes on hostinet (network = "host"). hostInetConn.Write retried a
+#     write that hit EAGAIN with the whole buffer, though fd.Write had already sent
+#     a part of it and said how much: those bytes went twice (8 MB echoed came back
+#     the right length but different). It now goes on after what was written.
 #   - Lost wake-up. netstackConn.Read/Write registered their waiter after an
 #     ErrWouldBlock and waited without retrying; readiness that arrived in between is
 #     not replayed, so the copy could wait forever. The short-write loop makes that
 #     path frequent. They now retry once registered, as upstream's fix does
 #     (google/gvisor#14618, merged after this pseudo-version).
-#   Upstream has no fix for the first two (google/gvisor#12521 fixed a neighbouring
+#   Upstream has no fix for the first three (google/gvisor#12521 fixed a neighbouring
 #   short write on the read side, already in this version). See docs/gvisor.md.
 set -euo pipefail
 
@@ -163,7 +167,20 @@ PATCH_PORTFORWARD=$(
  		pf.wg.Done()
 --- a/runsc/boot/portforward/portforward_hostinet.go
 +++ b/runsc/boot/portforward/portforward_hostinet.go
-@@ -163,6 +163,11 @@
+@@ -148,7 +148,11 @@
+ 		case <-ctx.Done():
+ 			return 0, ctx.Err()
+ 		}
+-		n, err = s.fd.Write(buf)
++		// crisp hack/gvisor.sh: fd.Write returns what it wrote before EAGAIN; go on
++		// after it rather than sending those bytes again.
++		var m int
++		m, err = s.fd.Write(buf[n:])
++		n += m
+ 	}
+ 	return n, err
+ }
+@@ -163,6 +167,11 @@
  	fdnotifier.UpdateFD(int32(s.fd.FD()))
  }
  
