@@ -381,8 +381,8 @@ func (r *streamRuntime) PortForward(ctx context.Context, podSandboxID string, po
 
 	go func() {
 		// Client → pod. When the client finishes sending, half-close so the server
-		// in the pod sees EOF but can still answer. (Through gVisor the Sentry turns
-		// the half-close into a full one: its proxy has no half-closed state.)
+		// in the pod sees EOF but can still answer (through gVisor, with the proxy
+		// patch of hack/gvisor.sh: docs/gvisor.md).
 		_, _ = io.Copy(conn, stream)
 		if hc, ok := conn.(interface{ CloseWrite() error }); ok {
 			_ = hc.CloseWrite()

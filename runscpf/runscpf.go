@@ -96,8 +96,9 @@ func (c Config) Args(namespace, sock, containerID string, port int32) []string {
 // The unix socket that runsc connects to lives in a directory of its own (mode 0700)
 // below dir and is gone when Dial returns; runsc has exited by then.
 //
-// gVisor's proxy does not half-close: when either side of the returned connection
-// closes its write side, the Sentry closes the whole TCP connection.
+// Closing the write side of the returned connection half-closes the TCP connection
+// in the pod with the proxy patch of hack/gvisor.sh (unpatched, the Sentry closes it
+// whole); the pod's half-close still ends both directions.
 func (c Config) Dial(ctx context.Context, dir, namespace, containerID string, port int32) (*net.UnixConn, error) {
 	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
