@@ -136,32 +136,17 @@ func Start(ctx context.Context, cfg Config) (*Process, error) {
 		timeout = DefaultReadyTimeout
 	}
 
-	r, w, err := os.Pipe()
-	if err != nil {
-		return nil, fmt.Errorf("pause ready pipe: %w", err)
-	}
-	defer r.Close()
-
 	if cfg.JoinUserNS {
 		return startJoined(ctx, cfg, env, runner, exe, timeout)
 	}
-	var flags uintptr
-	if cfg.NewIPC {
-		flags |= unix.CLONE_NEWIPC
-	}
-	if cfg.NewUTS {
-		flags |= unix.CLONE_NEWUTS
-	}
-	if cfg.NewPID {
-		flags |= unix.CLONE_NEWPID
-	}
+	flags := cfg.unshareFlags()
 	if cfg.NewNet {
 		if cfg.NetNSPath != "" {
 			return nil, errors.New("pause: a new network namespace and a netns path to join exclude each other")
 		}
 		flags |= unix.CLONE_NEWNET
 	}
-	attr := &syscall.SysProcAttr{Cloneflags: flags, Setsid: true}
+	attr := &syscall.SysProcAttr{Cloneflags: uintptr(flags)}
 	if u := cfg.UserNS; u != nil {
 		// clone(CLONE_NEWUSER|...) creates the user namespace before the others, so
 		// they are owned by it. Go writes uid_map and gid_map from this (root) process
@@ -177,46 +162,20 @@ func Start(ctx context.Context, cfg Config) (*Process, error) {
 		// becomes the namespace's root (and drops the host's supplementary groups).
 		attr.Credential = &syscall.Credential{Uid: 0, Gid: 0}
 	}
-	cmd := &exec.Cmd{
-		Path: exe,
-		Args: []string{"crisp-pause"},
-		Env:  env,
-		// Not the bundle: a cwd there would keep the bundle's mount busy.
-		Dir:        "/",
-		ExtraFiles: []*os.File{w},
-		// Setsid detaches it from the shim's session so it outlives the shim (kept
-		// for recovery); no Pdeathsig for the same reason.
-		SysProcAttr: attr,
-	}
-	err = runner.Start(cmd)
-	w.Close()
+	p, r, err := startProcess(runner, exe, env, attr)
 	if err != nil {
-		return nil, fmt.Errorf("start pause process: %w", err)
+		return nil, err
 	}
-	p := &Process{pid: cmd.Process.Pid, startedAt: time.Now(), proc: cmd.Process, done: make(chan struct{})}
-	p.waitFn = func() *os.ProcessState {
-		// The error only repeats the exit status, which ProcessState carries.
-		_ = runner.Wait(cmd)
-		return cmd.ProcessState
-	}
-	go p.wait()
-
-	if err := readReady(ctx, r, timeout); err != nil {
-		_ = p.Signal(unix.SIGKILL)
-		<-p.done
+	defer r.Close()
+	if err := p.awaitReady(ctx, r, timeout); err != nil {
 		return nil, err
 	}
 	return p, nil
 }
 
-// startJoined starts a pause process that joins the user namespace owning
-// cfg.NetNSPath. The started process joins it and the netns, unshares the other
-// namespaces and, for a new PID namespace, forks the pause process proper (the
-// shim's child through CLONE_PARENT), reports its pid and exits.
-func startJoined(ctx context.Context, cfg Config, env []string, runner Runner, exe string, timeout time.Duration) (*Process, error) {
-	if cfg.NetNSPath == "" || cfg.NewNet || cfg.UserNS != nil {
-		return nil, errors.New("pause: joining a user namespace needs a netns path, and no new network or user namespace")
-	}
+// unshareFlags returns the CLONE_NEW* flags of the IPC, UTS and PID namespaces cfg
+// asks for.
+func (cfg Config) unshareFlags() int {
 	var flags int
 	if cfg.NewIPC {
 		flags |= unix.CLONE_NEWIPC
@@ -227,15 +186,69 @@ func startJoined(ctx context.Context, cfg Config, env []string, runner Runner, e
 	if cfg.NewPID {
 		flags |= unix.CLONE_NEWPID
 	}
+	return flags
+}
+
+// startProcess starts exe as crisp-pause with env and attr, the write end of a new
+// ready pipe as its fd 3, and returns the Process, waited for through runner, with
+// the pipe's read end for the caller to read the report from and close.
+func startProcess(runner Runner, exe string, env []string, attr *syscall.SysProcAttr) (*Process, *os.File, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, nil, fmt.Errorf("pause ready pipe: %w", err)
+	}
+	// Setsid detaches it from the shim's session so it outlives the shim (kept for
+	// recovery); no Pdeathsig for the same reason.
+	attr.Setsid = true
+	cmd := &exec.Cmd{
+		Path: exe,
+		Args: []string{"crisp-pause"},
+		Env:  env,
+		// Not the bundle: a cwd there would keep the bundle's mount busy.
+		Dir:         "/",
+		ExtraFiles:  []*os.File{w},
+		SysProcAttr: attr,
+	}
+	err = runner.Start(cmd)
+	w.Close()
+	if err != nil {
+		r.Close()
+		return nil, nil, fmt.Errorf("start pause process: %w", err)
+	}
+	p := &Process{pid: cmd.Process.Pid, startedAt: time.Now(), proc: cmd.Process, done: make(chan struct{})}
+	p.waitFn = func() *os.ProcessState {
+		// The error only repeats the exit status, which ProcessState carries.
+		_ = runner.Wait(cmd)
+		return cmd.ProcessState
+	}
+	go p.wait()
+	return p, r, nil
+}
+
+// awaitReady waits for p's report on the ready pipe r; if it is not "ok", p is killed
+// and reaped before the error is returned.
+func (p *Process) awaitReady(ctx context.Context, r *os.File, timeout time.Duration) error {
+	if err := readReady(ctx, r, timeout); err != nil {
+		_ = p.Signal(unix.SIGKILL)
+		<-p.done
+		return err
+	}
+	return nil
+}
+
+// startJoined starts a pause process that joins the user namespace owning
+// cfg.NetNSPath. The started process joins it and the netns, unshares the other
+// namespaces and, for a new PID namespace, forks the pause process proper (the
+// shim's child through CLONE_PARENT), reports its pid and exits.
+func startJoined(ctx context.Context, cfg Config, env []string, runner Runner, exe string, timeout time.Duration) (*Process, error) {
+	if cfg.NetNSPath == "" || cfg.NewNet || cfg.UserNS != nil {
+		return nil, errors.New("pause: joining a user namespace needs a netns path, and no new network or user namespace")
+	}
+	flags := cfg.unshareFlags()
 	// The C code joins the netns itself, after the user namespace.
 	env = slices.DeleteFunc(env, func(e string) bool { return strings.HasPrefix(e, envNetNS+"=") })
 	env = append(env, envUserNSOfNetNS+"="+cfg.NetNSPath, envUnshare+"="+strconv.Itoa(flags))
 
-	r, w, err := os.Pipe()
-	if err != nil {
-		return nil, fmt.Errorf("pause ready pipe: %w", err)
-	}
-	defer r.Close()
 	adopter, _ := runner.(Adopter)
 	var adopt func(int) (unix.WaitStatus, bool)
 	if adopter != nil {
@@ -243,30 +256,14 @@ func startJoined(ctx context.Context, cfg Config, env []string, runner Runner, e
 		adopt, done = adopter.Adopt()
 		defer done()
 	}
-	cmd := &exec.Cmd{
-		Path:        exe,
-		Args:        []string{"crisp-pause"},
-		Env:         env,
-		Dir:         "/",
-		ExtraFiles:  []*os.File{w},
-		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
-	}
-	err = runner.Start(cmd)
-	w.Close()
+	starter, r, err := startProcess(runner, exe, env, &syscall.SysProcAttr{})
 	if err != nil {
-		return nil, fmt.Errorf("start pause process: %w", err)
+		return nil, err
 	}
-	starter := &Process{pid: cmd.Process.Pid, startedAt: time.Now(), proc: cmd.Process, done: make(chan struct{})}
-	starter.waitFn = func() *os.ProcessState {
-		_ = runner.Wait(cmd)
-		return cmd.ProcessState
-	}
-	go starter.wait()
+	defer r.Close()
 	if !cfg.NewPID {
 		// No fork: the started process is the pause process.
-		if err := readReady(ctx, r, timeout); err != nil {
-			_ = starter.Signal(unix.SIGKILL)
-			<-starter.done
+		if err := starter.awaitReady(ctx, r, timeout); err != nil {
 			return nil, err
 		}
 		return starter, nil
@@ -314,9 +311,7 @@ func startJoined(ctx context.Context, cfg Config, env []string, runner Runner, e
 		return st
 	}
 	go p.wait()
-	if err := readReady(ctx, r, timeout); err != nil {
-		_ = p.Signal(unix.SIGKILL)
-		<-p.done
+	if err := p.awaitReady(ctx, r, timeout); err != nil {
 		return nil, err
 	}
 	return p, nil

@@ -291,6 +291,8 @@ func TestStartJoinUserNS(t *testing.T) {
 	}
 
 	// Without a new PID namespace nothing is forked: the started process is the pause.
+	// Start leaves no end of a ready pipe open in the shim.
+	pipes := openPipes(t)
 	flat, err := Start(ctx, Config{NetNSPath: netns, JoinUserNS: true, NewIPC: true, Runner: r})
 	if err != nil {
 		t.Fatal(err)
@@ -303,6 +305,9 @@ func TestStartJoinUserNS(t *testing.T) {
 	}
 	if err := flat.Stop(ctx, 0); err != nil {
 		t.Fatal(err)
+	}
+	if got := openPipes(t); got != pipes {
+		t.Errorf("open pipe fds: %d after a joined pause's Start and Stop, %d before", got, pipes)
 	}
 
 	// The forked pause process failing after its pid was reported (an unknown sysctl)
@@ -322,6 +327,22 @@ func TestStartJoinUserNS(t *testing.T) {
 		!strings.Contains(err.Error(), "setns to the user namespace owning /proc/self/ns/net") {
 		t.Errorf("Start joining the user namespace of a host-owned netns: %v, want the starter's setns error", err)
 	}
+}
+
+// openPipes counts this process's open pipe fds.
+func openPipes(t *testing.T) int {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, fd := range fds {
+		if l, err := os.Readlink("/proc/self/fd/" + fd.Name()); err == nil && strings.HasPrefix(l, "pipe:") {
+			n++
+		}
+	}
+	return n
 }
 
 // pauseChildren lists the pids of this process's children named crisp-pause.
