@@ -29,6 +29,40 @@ func userNSProcess(t *testing.T) int {
 	return cmd.Process.Pid
 }
 
+// overlayTree makes, in a directory traversable by any uid (host uid 100000 writes
+// below it), an overlay's lower layers l1 (holding a) and l2 (holding b), its
+// snapshot's upper and work dirs snap/fs and snap/work, and its mount point merged,
+// all root-owned; it returns the directory.
+func overlayTree(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range []string{"l1", "l2", "snap/fs", "snap/work", "merged"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, f := range []string{"l1/a", "l2/b"} {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte(filepath.Base(f)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// overlayOptions returns the overlay options of overlayTree's layout in dir: l1 over
+// l2, snap/fs the upper dir.
+func overlayOptions(dir string) []string {
+	return []string{
+		"workdir=" + filepath.Join(dir, "snap/work"), "upperdir=" + filepath.Join(dir, "snap/fs"),
+		"lowerdir=" + filepath.Join(dir, "l1") + ":" + filepath.Join(dir, "l2"),
+	}
+}
+
 func owner(t *testing.T, path string) uint32 {
 	t.Helper()
 	var st unix.Stat_t
@@ -51,31 +85,12 @@ func TestAllIDMappedOverlay(t *testing.T) {
 	if err != nil || uid != 100000 || gid != 100000 {
 		t.Fatalf("HostRootIDs = %d, %d, %v; want 100000, 100000", uid, gid, err)
 	}
-	dir := t.TempDir()
-	// Traversable by host uid 100000, which writes below.
-	for _, d := range []string{filepath.Dir(dir), dir} {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, d := range []string{"l1", "l2", "snap/fs", "snap/work", "merged"} {
-		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.WriteFile(filepath.Join(dir, "l1/a"), []byte("a"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "l2/b"), []byte("b"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	dir := overlayTree(t)
 	if err := os.Chown(filepath.Join(dir, "l2/b"), 1000, 1000); err != nil {
 		t.Fatal(err)
 	}
 	merged := filepath.Join(dir, "merged")
-	ms := []Mount{{Type: "overlay", Source: "overlay", Options: []string{
-		"workdir=" + filepath.Join(dir, "snap/work"), "upperdir=" + filepath.Join(dir, "snap/fs"),
-		"lowerdir=" + filepath.Join(dir, "l1") + ":" + filepath.Join(dir, "l2"), "index=off"}}}
+	ms := []Mount{{Type: "overlay", Source: "overlay", Options: append(overlayOptions(dir), "index=off")}}
 	if err := AllIDMapped(ms, merged, IDMap{UserNS: fmt.Sprintf("/proc/%d/ns/user", pid), RootUID: uid, RootGID: gid}); err != nil {
 		t.Fatal(err)
 	}

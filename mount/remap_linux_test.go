@@ -47,32 +47,14 @@ func TestAllRemappedOverlay(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("mounting needs root")
 	}
-	dir := t.TempDir()
-	for _, d := range []string{filepath.Dir(dir), dir} {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, d := range []string{"l1", "l2", "snap/fs", "snap/work", "merged"} {
-		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := overlayTree(t)
 	// containerd's snapshotter chowns the upper dir to the mapped root.
 	if err := os.Chown(filepath.Join(dir, "snap/fs"), 100000, 100000); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "l1/a"), []byte("a"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "l2/b"), []byte("b"), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	merged := filepath.Join(dir, "merged")
-	ms := []Mount{{Type: "overlay", Source: "overlay", Options: []string{
-		"index=off", "workdir=" + filepath.Join(dir, "snap/work"), "upperdir=" + filepath.Join(dir, "snap/fs"),
-		"lowerdir=" + filepath.Join(dir, "l1") + ":" + filepath.Join(dir, "l2"),
-		"uidmap=0:100000:65536", "gidmap=0:100000:65536"}}}
+	ms := []Mount{{Type: "overlay", Source: "overlay",
+		Options: append(overlayOptions(dir), "index=off", "uidmap=0:100000:65536", "gidmap=0:100000:65536")}}
 	if !Remapped(ms) {
 		t.Fatal("Remapped = false for a mount with uidmap and gidmap")
 	}
