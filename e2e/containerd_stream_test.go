@@ -132,42 +132,7 @@ func (c *ctrd) streaming(t *testing.T, handler string) {
 		u := c.execURL(ctx, t, &cri.ExecRequest{ContainerId: echo, Cmd: []string{"sh"}, Stdin: true, Tty: true, Stdout: true})
 		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		pr, pw := io.Pipe()
-		out := newLineWaiter()
-		size := &fixedSize{size: remotecommand.TerminalSize{Width: 99, Height: 33}, done: make(chan struct{})}
-		defer close(size.done)
-		errc := make(chan error, 1)
-		go func() {
-			errc <- stream(sctx, t, u, spdyTransport, remotecommand.StreamOptions{Stdin: pr, Stdout: out, Tty: true, TerminalSizeQueue: size})
-			pr.CloseWithError(io.ErrClosedPipe)
-		}()
-		// The answer computes 42 (the echoed input does not hold it) and shows
-		// the terminal's size once the resize reached it: ask until it does.
-		for {
-			if _, err := pw.Write([]byte("echo tty-$((6*7)) $(stty size)\n")); err != nil {
-				t.Fatalf("exec with a terminal: session ended: %v (output %q)", <-errc, out.String())
-			}
-			if out.wait("tty-42 33 99", time.Second) {
-				break
-			}
-			if sctx.Err() != nil {
-				t.Fatalf("exec with a terminal: no answer with the size: %q", out.String())
-			}
-		}
-		_, _ = pw.Write([]byte("tty; exit 5\n"))
-		select {
-		case err := <-errc:
-			var ce clientexec.CodeExitError
-			if !errors.As(err, &ce) || ce.Code != 5 {
-				t.Errorf("exec with a terminal ended with %T %v, want exit code 5", err, err)
-			}
-		case <-sctx.Done():
-			t.Fatalf("exec with a terminal did not end after exit: %q", out.String())
-		}
-		pw.Close()
-		if !strings.Contains(out.String(), "/dev/pts/") {
-			t.Errorf("tty in the exec: %q, want /dev/pts/N", out.String())
-		}
+		checkExecTTY(sctx, t, u, spdyTransport, time.Second)
 	})
 
 	t.Run("attach-stdin", func(t *testing.T) {
@@ -215,37 +180,12 @@ func (c *ctrd) streaming(t *testing.T, handler string) {
 		}
 		tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		pr, pw := io.Pipe()
-		out := newLineWaiter()
-		size := &fixedSize{size: remotecommand.TerminalSize{Width: 77, Height: 22}, done: make(chan struct{})}
-		defer close(size.done)
-		errc := make(chan error, 1)
-		go func() {
-			errc <- stream(tctx, t, resp.Url, spdyTransport, remotecommand.StreamOptions{Stdin: pr, Stdout: out, Tty: true, TerminalSizeQueue: size})
-			pr.CloseWithError(io.ErrClosedPipe)
-		}()
-		for {
-			if _, err := pw.Write([]byte("echo tty-$((1+2)) $(stty size)\n")); err != nil {
-				t.Fatalf("tty attach: session ended: %v (output %q)", <-errc, out.String())
-			}
-			if out.wait("tty-3 22 77", time.Second) {
-				break
-			}
-			if tctx.Err() != nil {
-				t.Fatalf("tty attach: no answer with the size: %q", out.String())
-			}
-		}
+		s := startTTY(tctx, t, resp.Url, spdyTransport, 77, 22)
+		s.askUntil(tctx, t, "tty attach", "echo tty-$((1+2)) $(stty size)", "tty-3 22 77", time.Second)
 		// exit ends the shell, so the container and the session.
-		_, _ = pw.Write([]byte("exit 4\n"))
-		select {
-		case err := <-errc:
-			if err != nil {
-				t.Errorf("tty attach ended with %v", err)
-			}
-		case <-tctx.Done():
-			t.Fatalf("tty attach did not end with the container: %q", out.String())
+		if err := s.end(tctx, t, "tty attach", "exit 4"); err != nil {
+			t.Errorf("tty attach ended with %v", err)
 		}
-		pw.Close()
 		if st := c.waitExit(ctx, t, shell, 10*time.Second); st.ExitCode != 4 {
 			t.Errorf("shell exit code %d, want 4", st.ExitCode)
 		}

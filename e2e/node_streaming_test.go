@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"crypto/md5"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -16,8 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/client-go/tools/remotecommand"
-	clientexec "k8s.io/client-go/util/exec"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -189,39 +186,7 @@ func TestNodeStreaming(t *testing.T) {
 		u := e.execURL(ctx, t, &cri.ExecRequest{ContainerId: id, Cmd: []string{"sh"}, Stdin: true, Tty: true, Stdout: true})
 		sctx, cancel := context.WithTimeout(ctx, nodeWithin)
 		defer cancel()
-		pr, pw := io.Pipe()
-		out := newLineWaiter()
-		size := &fixedSize{size: remotecommand.TerminalSize{Width: 99, Height: 33}, done: make(chan struct{})}
-		errc := make(chan error, 1)
-		go func() {
-			errc <- stream(sctx, t, u, wsTransport, remotecommand.StreamOptions{Stdin: pr, Stdout: out, Tty: true, TerminalSizeQueue: size})
-			pr.CloseWithError(io.ErrClosedPipe)
-		}()
-		// The shell's answer computes 42 (its echoed input does not contain it) and
-		// shows the terminal size once the resize reached it: ask until it does.
-		for !out.wait("tty-42 33 99", 2*time.Second) {
-			if sctx.Err() != nil {
-				t.Fatalf("exec with a terminal: no answer with the size: %q", out.String())
-			}
-			if _, err := pw.Write([]byte("echo tty-$((6*7)) $(stty size)\n")); err != nil {
-				t.Fatalf("exec with a terminal: session ended: %v (output %q)", <-errc, out.String())
-			}
-		}
-		_, _ = pw.Write([]byte("tty; exit 5\n"))
-		select {
-		case err := <-errc:
-			var ce clientexec.CodeExitError
-			if !errors.As(err, &ce) || ce.Code != 5 {
-				t.Errorf("exec with a terminal ended with %T %v, want exit code 5", err, err)
-			}
-		case <-sctx.Done():
-			t.Fatalf("exec with a terminal did not end after exit: %q", out.String())
-		}
-		close(size.done)
-		pw.Close()
-		if !strings.Contains(out.String(), "/dev/pts/") {
-			t.Errorf("tty in the exec: %q, want /dev/pts/N", out.String())
-		}
+		checkExecTTY(sctx, t, u, wsTransport, 2*time.Second)
 	})
 
 	t.Run("attach-and-logs", func(t *testing.T) {

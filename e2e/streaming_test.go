@@ -308,31 +308,12 @@ func TestE2EStreaming(t *testing.T) {
 		}
 		tctx, tcancel := context.WithTimeout(ctx, 30*time.Second)
 		defer tcancel()
-		pr, pw := io.Pipe()
-		out := newLineWaiter()
-		size := &fixedSize{size: remotecommand.TerminalSize{Width: 99, Height: 33}, done: make(chan struct{})}
-		errc := make(chan error, 1)
-		go func() {
-			errc <- stream(tctx, t, resp.Url, spdyTransport, remotecommand.StreamOptions{Stdin: pr, Stdout: out, Tty: true, TerminalSizeQueue: size})
-		}()
-		for !out.wait("tty-3 33 99", time.Second) {
-			if tctx.Err() != nil {
-				t.Fatalf("tty attach: no answer from the shell: %q", out.String())
-			}
-			_, _ = pw.Write([]byte("echo tty-$((1+2)) $(stty size)\n"))
-		}
+		s := startTTY(tctx, t, resp.Url, spdyTransport, 99, 33)
+		s.askUntil(tctx, t, "tty attach", "echo tty-$((1+2)) $(stty size)", "tty-3 33 99", time.Second)
 		// exit ends the shell, so the container and the session.
-		_, _ = pw.Write([]byte("exit\n"))
-		select {
-		case err := <-errc:
-			if err != nil {
-				t.Errorf("tty attach ended with %v", err)
-			}
-		case <-tctx.Done():
-			t.Fatal("tty attach did not end with the container")
+		if err := s.end(tctx, t, "tty attach", "exit"); err != nil {
+			t.Errorf("tty attach ended with %v", err)
 		}
-		close(size.done)
-		pw.Close()
 		if st := e.waitExit(ctx, shID, 10*time.Second); st.ExitCode != 0 {
 			t.Errorf("shell exit code %d", st.ExitCode)
 		}
