@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/md5"
 	"crypto/rand"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -28,16 +27,11 @@ func (c *ctrd) ctrPid(ctx context.Context, t *testing.T, id string) int {
 	if err != nil {
 		t.Fatalf("ContainerStatus %s: %v", id, err)
 	}
-	var info struct {
-		Pid int `json:"pid"`
+	pid := verbosePid(t, resp.GetInfo())
+	if resp.GetStatus().GetState() != cri.ContainerState_CONTAINER_RUNNING {
+		t.Errorf("container %s is %v with pid %d", id, resp.GetStatus().GetState(), pid)
 	}
-	if err := json.Unmarshal([]byte(resp.GetInfo()["info"]), &info); err != nil {
-		t.Fatalf("verbose info of %s: %v", id, err)
-	}
-	if resp.GetStatus().GetState() != cri.ContainerState_CONTAINER_RUNNING || info.Pid == 0 {
-		t.Errorf("container %s is %v with pid %d", id, resp.GetStatus().GetState(), info.Pid)
-	}
-	return info.Pid
+	return pid
 }
 
 // execURL asks containerd for an exec session's URL on its streaming server.

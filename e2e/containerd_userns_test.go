@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -108,17 +107,8 @@ func (c *ctrd) usernsHostNetwork(t *testing.T, handler string) {
 	if got := strings.Join(strings.Fields(string(ex.GetStdout())), " "); ex.GetExitCode() != 0 || got != strings.Join(strings.Fields(want), " ") {
 		t.Errorf("inside: exit %d, %q (stderr %q), want %q", ex.GetExitCode(), ex.GetStdout(), ex.GetStderr(), want)
 	}
-	cs, err := c.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: id, Verbose: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var info struct {
-		Pid int `json:"pid"`
-	}
-	if err := json.Unmarshal([]byte(cs.GetInfo()["info"]), &info); err != nil || info.Pid <= 0 {
-		t.Fatalf("container pid from verbose status: %v %q", err, cs.GetInfo()["info"])
-	}
-	proc := fmt.Sprintf("/proc/%d/ns/", info.Pid)
+	pid := c.ctrPid(ctx, t, id)
+	proc := fmt.Sprintf("/proc/%d/ns/", pid)
 	if nsInode(t, proc+"net") != nsInode(t, "/proc/self/ns/net") {
 		t.Error("the host-network pod's container is not in the host's network namespace")
 	}
@@ -252,20 +242,11 @@ func (c *ctrd) userns(t *testing.T, handler string) {
 	// The host's view: the container runs as the range's root, in the pod's user
 	// namespace, and its network namespace (containerd's, set up by CNI) belongs to
 	// that user namespace, so the pod's root owns its network.
-	cs, err := c.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: id, Verbose: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var info struct {
-		Pid int `json:"pid"`
-	}
-	if err := json.Unmarshal([]byte(cs.GetInfo()["info"]), &info); err != nil || info.Pid <= 0 {
-		t.Fatalf("container pid from verbose status: %v %q", err, cs.GetInfo()["info"])
-	}
-	if got := procStatusID(t, info.Pid, "Uid"); got != fmt.Sprint(ctrdUsernsHost) {
+	pid := c.ctrPid(ctx, t, id)
+	if got := procStatusID(t, pid, "Uid"); got != fmt.Sprint(ctrdUsernsHost) {
 		t.Errorf("container process runs as host uid %s, want %d", got, ctrdUsernsHost)
 	}
-	proc := fmt.Sprintf("/proc/%d/ns/", info.Pid)
+	proc := fmt.Sprintf("/proc/%d/ns/", pid)
 	if user, net := nsInode(t, proc+"user"), ownerUserNS(t, proc+"net"); user != net {
 		t.Errorf("the container's network namespace is owned by user namespace %d, not the pod's %d", net, user)
 	}
@@ -294,7 +275,7 @@ func (c *ctrd) userns(t *testing.T, handler string) {
 	if got := run("sh", "-c", "id -u; cat /written"); got != "0\nhi" {
 		t.Errorf("after containerd's restart: %q, want 0 and the rootfs file", got)
 	}
-	if got := procStatusID(t, info.Pid, "Uid"); got != fmt.Sprint(ctrdUsernsHost) {
+	if got := procStatusID(t, pid, "Uid"); got != fmt.Sprint(ctrdUsernsHost) {
 		t.Errorf("container process after containerd's restart runs as host uid %s, want %d", got, ctrdUsernsHost)
 	}
 

@@ -22,13 +22,21 @@ func (e *env) ctrPid(ctx context.Context, id string) int {
 	if err != nil {
 		e.t.Fatalf("ContainerStatus %s: %v", id, err)
 	}
-	var info struct {
+	return verbosePid(e.t, resp.GetInfo())
+}
+
+// verbosePid returns the host pid of a container's init from a verbose
+// ContainerStatus answer's info (crisp's and containerd's both carry it as "pid"),
+// failing the test when there is none.
+func verbosePid(t *testing.T, info map[string]string) int {
+	t.Helper()
+	var v struct {
 		Pid int `json:"pid"`
 	}
-	if err := json.Unmarshal([]byte(resp.Info["info"]), &info); err != nil || info.Pid == 0 {
-		e.t.Fatalf("no pid in verbose info of %s: %v %q", id, err, resp.Info["info"])
+	if err := json.Unmarshal([]byte(info["info"]), &v); err != nil || v.Pid <= 0 {
+		t.Fatalf("no pid in the verbose container status: %v %q", err, info["info"])
 	}
-	return info.Pid
+	return v.Pid
 }
 
 // assertNoPanic fails the test when criserver died by itself or logged a panic.

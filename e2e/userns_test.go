@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -184,16 +183,11 @@ func TestE2EUserns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var cinfo struct {
-		Pid int `json:"pid"`
-	}
-	if err := json.Unmarshal([]byte(cs.Info["info"]), &cinfo); err != nil || cinfo.Pid <= 0 {
-		t.Fatalf("container pid from verbose status: %v %q", err, cs.Info["info"])
-	}
-	if got := procStatusID(t, cinfo.Pid, "Uid"); got != "100000" {
+	ctrPid := verbosePid(t, cs.GetInfo())
+	if got := procStatusID(t, ctrPid, "Uid"); got != "100000" {
 		t.Errorf("container process runs as host uid %s, want 100000", got)
 	}
-	if got := procStatusID(t, cinfo.Pid, "Gid"); got != "100000" {
+	if got := procStatusID(t, ctrPid, "Gid"); got != "100000" {
 		t.Errorf("container process runs as host gid %s, want 100000", got)
 	}
 	if ms := cs.Status.GetMounts(); len(ms) != 1 || len(ms[0].GetUidMappings()) != 1 || ms[0].GetUidMappings()[0].GetHostId() != 100000 {
@@ -225,7 +219,7 @@ func TestE2EUserns(t *testing.T) {
 	// they were (the pod-made netns pin, the idmapped rootfs, stats and exec).
 	ip := pst.GetNetwork().GetIp()
 	e.kill9()
-	if !alive(info.ShimPid) || !alive(cinfo.Pid) {
+	if !alive(info.ShimPid) || !alive(ctrPid) {
 		t.Fatal("the user-namespaced pod did not survive criserver's death")
 	}
 	e.start()
@@ -464,17 +458,8 @@ func TestE2EUsernsHostNetwork(t *testing.T) {
 
 	// The capability is there, and still the host's network cannot be changed: the
 	// host's netns belongs to the initial user namespace, where the container has none.
-	cs, err := e.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: ctrID, Verbose: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cinfo struct {
-		Pid int `json:"pid"`
-	}
-	if err := json.Unmarshal([]byte(cs.Info["info"]), &cinfo); err != nil || cinfo.Pid <= 0 {
-		t.Fatalf("container pid from verbose status: %v %q", err, cs.Info["info"])
-	}
-	capEff, err := strconv.ParseUint(procStatusID(t, cinfo.Pid, "CapEff"), 16, 64)
+	ctrPid := e.ctrPid(ctx, ctrID)
+	capEff, err := strconv.ParseUint(procStatusID(t, ctrPid, "CapEff"), 16, 64)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -529,7 +514,7 @@ func TestE2EUsernsHostNetwork(t *testing.T) {
 		t.Errorf("root-owned volume file owned by %s inside, want 0 (idmapped bind)", got)
 	}
 	run("sh", "-c", "echo hi > /written && echo hi > /data/written && chown 1000:1000 /data/written")
-	if got := procStatusID(t, cinfo.Pid, "Uid"); got != "100000" {
+	if got := procStatusID(t, ctrPid, "Uid"); got != "100000" {
 		t.Errorf("container process runs as host uid %s, want 100000", got)
 	}
 	if got := fileUID(t, filepath.Join(e.state, "containers", ctrID, "rootfs", "written")); got != 100000 {
@@ -549,7 +534,7 @@ func TestE2EUsernsHostNetwork(t *testing.T) {
 
 	// criserver killed and restarted: the pod is found again as it was.
 	e.kill9()
-	if !alive(info.ShimPid) || !alive(cinfo.Pid) {
+	if !alive(info.ShimPid) || !alive(ctrPid) {
 		t.Fatal("the pod did not survive criserver's death")
 	}
 	e.start()
@@ -564,9 +549,9 @@ func TestE2EUsernsHostNetwork(t *testing.T) {
 	if _, err := e.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: podID}); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); alive(info.Pid) || alive(info.ShimPid) || alive(cinfo.Pid); time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); alive(info.Pid) || alive(info.ShimPid) || alive(ctrPid); time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("left running after RemovePodSandbox: pause %v, shim %v, container %v", alive(info.Pid), alive(info.ShimPid), alive(cinfo.Pid))
+			t.Fatalf("left running after RemovePodSandbox: pause %v, shim %v, container %v", alive(info.Pid), alive(info.ShimPid), alive(ctrPid))
 		}
 	}
 	for _, m := range mountsUnder(e.dir) {
