@@ -20,19 +20,8 @@ func (c *ctrd) podFiles(t *testing.T) {
 		t.Run(h, func(t *testing.T) {
 			pod := c.podConfig("pf-" + h)
 			pod.DnsConfig = &cri.DNSConfig{Servers: []string{"10.0.0.10", "10.0.0.11"}, Searches: []string{"svc.e2e.local"}, Options: []string{"ndots:5"}}
-			resp, err := c.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: pod, RuntimeHandler: h})
-			if err != nil {
-				t.Fatalf("RunPodSandbox: %v\n%s", err, c.logTail(3000))
-			}
-			podID := resp.PodSandboxId
-			defer func() {
-				if _, err := c.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: podID}); err != nil {
-					t.Errorf("StopPodSandbox: %v", err)
-				}
-				if _, err := c.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: podID}); err != nil {
-					t.Errorf("RemovePodSandbox: %v", err)
-				}
-			}()
+			podID := c.runPod(ctx, t, pod, h)
+			defer c.removePod(ctx, t, podID)
 			writer, err := c.createStart(ctx, podID, pod, c.ctrConfig("shm-writer", "sh", "-c", "echo shared > /dev/shm/marker; sleep 3600"))
 			if err != nil {
 				t.Fatal(err)

@@ -56,18 +56,9 @@ func (c *ctrd) streaming(t *testing.T, handler string) {
 	ctx := ctxT(t)
 	before := c.leftovers()
 	pod := c.podConfig("stream-" + handler)
-	resp, err := c.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: pod, RuntimeHandler: handler})
-	if err != nil {
-		t.Fatalf("RunPodSandbox: %v", err)
-	}
-	podID := resp.PodSandboxId
+	podID := c.runPod(ctx, t, pod, handler)
 	defer func() {
-		if _, err := c.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: podID}); err != nil {
-			t.Errorf("StopPodSandbox: %v", err)
-		}
-		if _, err := c.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: podID}); err != nil {
-			t.Errorf("RemovePodSandbox: %v", err)
-		}
+		c.removePod(ctx, t, podID)
 		c.assertClean(t, 20*time.Second, before)
 	}()
 

@@ -646,6 +646,28 @@ func (c *ctrd) ctrConfig(name string, cmd ...string) *cri.ContainerConfig {
 	}
 }
 
+// runPod runs pod on handler and returns its id; the test fails, with the end of
+// containerd's log, when the pod does not start.
+func (c *ctrd) runPod(ctx context.Context, t *testing.T, pod *cri.PodSandboxConfig, handler string) string {
+	t.Helper()
+	resp, err := c.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: pod, RuntimeHandler: handler})
+	if err != nil {
+		t.Fatalf("RunPodSandbox on %s: %v\n%s", handler, err, c.logTail(4000))
+	}
+	return resp.PodSandboxId
+}
+
+// removePod stops and removes pod id as kubelet does; an error fails the test.
+func (c *ctrd) removePod(ctx context.Context, t *testing.T, id string) {
+	t.Helper()
+	if _, err := c.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
+		t.Errorf("StopPodSandbox %s: %v", id, err)
+	}
+	if _, err := c.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
+		t.Errorf("RemovePodSandbox %s: %v", id, err)
+	}
+}
+
 func (c *ctrd) createStart(ctx context.Context, podID string, pod *cri.PodSandboxConfig, cfg *cri.ContainerConfig) (string, error) {
 	resp, err := c.rt.CreateContainer(ctx, &cri.CreateContainerRequest{PodSandboxId: podID, Config: cfg, SandboxConfig: pod})
 	if err != nil {
@@ -1015,16 +1037,11 @@ func (c *ctrd) lifecycle(t *testing.T, handler string) {
 	before, shimsBefore := c.leftovers(), c.shims()
 	name := "life-" + handler
 	pod := c.podConfig(name)
-	resp, err := c.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: pod, RuntimeHandler: handler})
-	if err != nil {
-		t.Fatalf("RunPodSandbox: %v", err)
-	}
-	podID := resp.PodSandboxId
+	podID := c.runPod(ctx, t, pod, handler)
 	removed := false
 	defer func() {
 		if !removed {
-			_, _ = c.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: podID})
-			_, _ = c.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: podID})
+			c.removePod(ctx, t, podID)
 		}
 	}()
 	ps, err := c.rt.PodSandboxStatus(ctx, &cri.PodSandboxStatusRequest{PodSandboxId: podID})

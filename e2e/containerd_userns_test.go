@@ -83,14 +83,9 @@ func (c *ctrd) usernsHostNetwork(t *testing.T, handler string) {
 	pod.Hostname = ""
 	pod.Linux.SecurityContext.NamespaceOptions.Network = cri.NamespaceMode_NODE
 	pod.Linux.SecurityContext.NamespaceOptions.UsernsOptions = ctrdUsernsOptions()
-	resp, err := c.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: pod, RuntimeHandler: handler})
-	if err != nil {
-		t.Fatalf("RunPodSandbox: %v", err)
-	}
-	podID := resp.PodSandboxId
+	podID := c.runPod(ctx, t, pod, handler)
 	defer func() {
-		_, _ = c.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: podID})
-		_, _ = c.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: podID})
+		c.removePod(ctx, t, podID)
 		c.assertClean(t, 20*time.Second, before)
 	}()
 	cfg := c.ctrConfig("usernshost", "sleep", "3600")
@@ -147,16 +142,11 @@ func (c *ctrd) userns(t *testing.T, handler string) {
 	before := c.leftovers()
 	pod := c.podConfig("userns-" + handler)
 	pod.Linux.SecurityContext.NamespaceOptions.UsernsOptions = ctrdUsernsOptions()
-	resp, err := c.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: pod, RuntimeHandler: handler})
-	if err != nil {
-		t.Fatalf("RunPodSandbox: %v\n%s", err, c.logTail(6000))
-	}
-	podID := resp.PodSandboxId
+	podID := c.runPod(ctx, t, pod, handler)
 	removed := false
 	defer func() {
 		if !removed {
-			_, _ = c.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: podID})
-			_, _ = c.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: podID})
+			c.removePod(ctx, t, podID)
 		}
 	}()
 
