@@ -657,14 +657,12 @@ func (c *ctrd) runPod(ctx context.Context, t *testing.T, pod *cri.PodSandboxConf
 	return resp.PodSandboxId
 }
 
-// removePod stops and removes pod id as kubelet does; an error fails the test.
+// removePod stops and removes pod id (stopRemovePod); an error fails the test without
+// ending it, since it runs in deferred cleanups.
 func (c *ctrd) removePod(ctx context.Context, t *testing.T, id string) {
 	t.Helper()
-	if _, err := c.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
-		t.Errorf("StopPodSandbox %s: %v", id, err)
-	}
-	if _, err := c.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
-		t.Errorf("RemovePodSandbox %s: %v", id, err)
+	if err := stopRemovePod(ctx, c.rt, id); err != nil {
+		t.Error(err)
 	}
 }
 

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -142,12 +143,23 @@ func (e *env) removeSurvivors(ctx context.Context, t *testing.T, why string) {
 
 func (e *env) stopRemove(ctx context.Context, t *testing.T, id string) {
 	t.Helper()
-	if _, err := e.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
-		t.Fatalf("StopPodSandbox %s: %v", id, err)
+	if err := stopRemovePod(ctx, e.rt, id); err != nil {
+		t.Fatal(err)
 	}
-	if _, err := e.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
-		t.Fatalf("RemovePodSandbox %s: %v", id, err)
+}
+
+// stopRemovePod stops and removes pod id as kubelet does, through crisp's or
+// containerd's CRI; the remove is tried even after a failed stop.
+func stopRemovePod(ctx context.Context, rt cri.RuntimeServiceClient, id string) error {
+	_, serr := rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: id})
+	if serr != nil {
+		serr = fmt.Errorf("StopPodSandbox %s: %w", id, serr)
 	}
+	_, rerr := rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: id})
+	if rerr != nil {
+		rerr = fmt.Errorf("RemovePodSandbox %s: %w", id, rerr)
+	}
+	return errors.Join(serr, rerr)
 }
 
 func TestE2EConcurrentPodsNetworking(t *testing.T) {
