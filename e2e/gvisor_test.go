@@ -568,28 +568,10 @@ func gvRawForward(ctx context.Context, g *gvTarget, podID string, port int32) (s
 // gvForwarder is a client-go port-forward session to ports of a pod.
 type gvForwarder struct {
 	local, remote []int32
-	errOut        *lockedBuffer
+	errOut        *lineWaiter
 	stop          func()
 	// err is what ForwardPorts returned; set by stop.
 	err error
-}
-
-// lockedBuffer is a bytes.Buffer that the forwarder writes while the test reads.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // gvForward starts a port-forward session (SPDY, as kubectl) forwarding free local
@@ -600,41 +582,11 @@ func gvForward(ctx context.Context, t *testing.T, g *gvTarget, podID string, por
 	if err != nil {
 		t.Fatalf("%s: PortForward: %v", g.name, err)
 	}
-	u, err := url.Parse(resp.Url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr, up, err := spdy.RoundTripperFor(&rest.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var specs []string
-	for _, p := range ports {
-		specs = append(specs, fmt.Sprintf("0:%d", p))
-	}
-	stop, ready := make(chan struct{}), make(chan struct{})
-	f := &gvForwarder{remote: ports, errOut: &lockedBuffer{}}
-	fw, err := portforward.NewOnAddresses(spdy.NewDialer(up, &http.Client{Transport: tr}, "POST", u),
-		[]string{"127.0.0.1"}, specs, stop, ready, io.Discard, f.errOut)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- fw.ForwardPorts() }()
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatalf("ForwardPorts: %v", err)
-	}
-	fwd, err := fw.GetPorts()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range fwd {
-		f.local = append(f.local, int32(p.Local))
-	}
+	f := &gvForwarder{remote: ports, errOut: newLineWaiter()}
+	var stop func() error
+	f.local, stop = forwardPorts(t, resp.Url, ports, f.errOut)
 	var once sync.Once
-	f.stop = func() { once.Do(func() { close(stop); f.err = <-done }) }
+	f.stop = func() { once.Do(func() { f.err = stop() }) }
 	t.Cleanup(f.stop)
 	return f
 }

@@ -469,14 +469,30 @@ func (e *env) portForward(ctx context.Context, t *testing.T, podID string, port 
 // rawURL (a CRI PortForward answer, from criserver or containerd).
 func forwardURL(t *testing.T, rawURL string, port int32) (int, func()) {
 	t.Helper()
-	u, _ := url.Parse(rawURL)
+	local, stop := forwardPorts(t, rawURL, []int32{port}, io.Discard)
+	return int(local[0]), func() { _ = stop() }
+}
+
+// forwardPorts starts a client-go port-forward session (SPDY, as kubectl) at rawURL
+// forwarding free local ports to ports, writing the session's errors to errOut. stop
+// ends the session and returns what ForwardPorts returned.
+func forwardPorts(t *testing.T, rawURL string, ports []int32, errOut io.Writer) (local []int32, stop func() error) {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
 	tr, up, err := spdy.RoundTripperFor(&rest.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop, ready := make(chan struct{}), make(chan struct{})
+	var specs []string
+	for _, p := range ports {
+		specs = append(specs, fmt.Sprintf("0:%d", p))
+	}
+	stopCh, ready := make(chan struct{}), make(chan struct{})
 	fw, err := portforward.NewOnAddresses(spdy.NewDialer(up, &http.Client{Transport: tr}, "POST", u),
-		[]string{"127.0.0.1"}, []string{fmt.Sprintf("0:%d", port)}, stop, ready, io.Discard, io.Discard)
+		[]string{"127.0.0.1"}, specs, stopCh, ready, io.Discard, errOut)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -487,9 +503,12 @@ func forwardURL(t *testing.T, rawURL string, port int32) (int, func()) {
 	case err := <-done:
 		t.Fatalf("ForwardPorts: %v", err)
 	}
-	ports, err := fw.GetPorts()
+	fwd, err := fw.GetPorts()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return int(ports[0].Local), func() { close(stop); <-done }
+	for _, p := range fwd {
+		local = append(local, int32(p.Local))
+	}
+	return local, func() error { close(stopCh); return <-done }
 }

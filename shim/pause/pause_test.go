@@ -1,6 +1,7 @@
 package pause
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -12,8 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/crisp-runtime/crisp/shim/reaper"
 	"golang.org/x/sys/unix"
+
+	"github.com/crisp-runtime/crisp/shim/reaper"
 )
 
 func needRoot(t *testing.T) {
@@ -32,14 +34,24 @@ func nsInode(t *testing.T, pid int, kind string) uint64 {
 	return st.Ino
 }
 
-// nsenter reads a file as seen from inside the pause process's namespaces.
-func nsenter(t *testing.T, pid int, flag string, args ...string) string {
+// nsenter reads a file as seen from inside the pause process's namespaces. With a
+// running reaper r, nsenter is started and waited for through it: the reaper would
+// otherwise reap it before exec.Cmd's wait ("waitid: no child processes").
+func nsenter(t *testing.T, r *reaper.Reaper, pid int, flag string, args ...string) string {
 	t.Helper()
-	out, err := exec.Command("nsenter", append([]string{"-t", fmt.Sprint(pid), flag, "--"}, args...)...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("nsenter %s %v: %v: %s", flag, args, err, out)
+	cmd := exec.Command("nsenter", append([]string{"-t", fmt.Sprint(pid), flag, "--"}, args...)...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	var err error
+	if r == nil {
+		err = cmd.Run()
+	} else if err = r.Start(cmd); err == nil {
+		err = r.Wait(cmd)
 	}
-	return strings.TrimSpace(string(out))
+	if err != nil {
+		t.Fatalf("nsenter %s %v: %v: %s", flag, args, err, out.String())
+	}
+	return strings.TrimSpace(out.String())
 }
 
 func TestStartStop(t *testing.T) {
@@ -80,13 +92,13 @@ func TestStartStop(t *testing.T) {
 				t.Errorf("new PID namespace = %v, want %v", newPID, tt.cfg.NewPID)
 			}
 			if tt.cfg.Hostname != "" {
-				if got := nsenter(t, p.Pid(), "-u", "hostname"); got != tt.cfg.Hostname {
+				if got := nsenter(t, nil, p.Pid(), "-u", "hostname"); got != tt.cfg.Hostname {
 					t.Errorf("hostname = %q, want %q", got, tt.cfg.Hostname)
 				}
 			}
 			for k, v := range tt.cfg.Sysctls {
 				path := "/proc/sys/" + strings.ReplaceAll(k, ".", "/")
-				if got := nsenter(t, p.Pid(), "-i", "cat", path); got != v {
+				if got := nsenter(t, nil, p.Pid(), "-i", "cat", path); got != v {
 					t.Errorf("%s in pod = %q, want %q", k, got, v)
 				}
 			}
@@ -183,10 +195,10 @@ func TestStartUserNS(t *testing.T) {
 			t.Errorf("%s namespace is owned by user namespace %d, want the pod's %d", kind, st.Ino, userns)
 		}
 	}
-	if got := nsenter(t, p.Pid(), "-u", "hostname"); got != cfg.Hostname {
+	if got := nsenter(t, nil, p.Pid(), "-u", "hostname"); got != cfg.Hostname {
 		t.Errorf("hostname = %q, want %q", got, cfg.Hostname)
 	}
-	if got := nsenter(t, p.Pid(), "-n", "cat", "/proc/sys/net/ipv4/ip_unprivileged_port_start"); got != "80" {
+	if got := nsenter(t, nil, p.Pid(), "-n", "cat", "/proc/sys/net/ipv4/ip_unprivileged_port_start"); got != "80" {
 		t.Errorf("net sysctl in pod = %q, want 80", got)
 	}
 
@@ -277,10 +289,10 @@ func TestStartJoinUserNS(t *testing.T) {
 			t.Errorf("pause /proc/pid/status lacks %q:\n%s", want, status)
 		}
 	}
-	if got := nsenter(t, p.Pid(), "-u", "hostname"); got != cfg.Hostname {
+	if got := nsenter(t, r, p.Pid(), "-u", "hostname"); got != cfg.Hostname {
 		t.Errorf("hostname = %q, want %q", got, cfg.Hostname)
 	}
-	if got := nsenter(t, p.Pid(), "-n", "cat", "/proc/sys/net/ipv4/ip_unprivileged_port_start"); got != "80" {
+	if got := nsenter(t, r, p.Pid(), "-n", "cat", "/proc/sys/net/ipv4/ip_unprivileged_port_start"); got != "80" {
 		t.Errorf("net sysctl in pod = %q, want 80", got)
 	}
 	if err := p.Stop(ctx, 5*time.Second); err != nil {
