@@ -19,6 +19,17 @@ import (
 	"github.com/crisp-runtime/crisp/store"
 )
 
+// testShimDir is where testShim built the shim; TestMain removes it.
+var testShimDir string
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if testShimDir != "" {
+		os.RemoveAll(testShimDir)
+	}
+	os.Exit(code)
+}
+
 // testShim builds cmd/shim-runc once for the tests that start real shims; CRISP_TEST_SHIM
 // names a built one instead.
 var testShim = sync.OnceValues(func() (string, error) {
@@ -29,6 +40,7 @@ var testShim = sync.OnceValues(func() (string, error) {
 	if err != nil {
 		return "", err
 	}
+	testShimDir = dir
 	_, file, _, _ := runtime.Caller(0)
 	bin := filepath.Join(dir, "shim-runc")
 	cmd := exec.Command("go", "build", "-tags", "seccomp grpcnotrace", "-o", bin, "./cmd/shim-runc")
