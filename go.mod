@@ -39,6 +39,13 @@ require (
 )
 
 require (
+	github.com/containerd/nri v0.12.3
+	github.com/knqyf263/go-plugin v0.9.0 // indirect
+	github.com/tetratelabs/wazero v1.11.0 // indirect
+	golang.org/x/mod v0.41.0 // indirect
+)
+
+require (
 	go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc v0.71.0 // indirect
 	k8s.io/component-base v0.37.2 // indirect
 	k8s.io/cri-client v0.37.2

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/pelletier/go-toml/v2"
 )
@@ -61,8 +62,71 @@ type Config struct {
 	CDI CDIConfig `toml:"cdi"`
 	// Metrics configures the Prometheus metrics listener.
 	Metrics MetricsConfig `toml:"metrics"`
+	// NRI configures the Node Resource Interface (containerd's [plugins."io.containerd.nri.v1.nri"] keys).
+	NRI NRIConfig `toml:"nri"`
 	// Runtimes maps a runtime handler (RuntimeClass) name to the shim that runs its pods.
 	Runtimes map[string]Runtime `toml:"runtimes"`
+}
+
+// NRIConfig configures the Node Resource Interface: plugins that see every pod and
+// container event and may adjust containers before they are created. The keys and
+// their defaults are containerd's, except Disable: containerd 2.x turns NRI on by
+// default, crisp leaves it off, because its socket lets any local root process that
+// connects inject mounts, devices and hooks into every container created afterwards;
+// a node that runs NRI plugins asks for it.
+type NRIConfig struct {
+	// Disable turns NRI off (the default); false starts it with criserver.
+	Disable bool `toml:"disable" comment:"turn NRI off (crisp's default; containerd 2.x defaults to on)"`
+	// SocketPath is where external plugins connect.
+	SocketPath string `toml:"socket_path" comment:"unix socket NRI plugins connect to"`
+	// PluginPath holds pre-registered plugins, started by criserver (NN-name executables).
+	PluginPath string `toml:"plugin_path" comment:"directory of pre-registered plugins (executables named NN-name) criserver starts"`
+	// PluginConfigPath holds the configuration files of pre-registered plugins.
+	PluginConfigPath string `toml:"plugin_config_path" comment:"directory of pre-registered plugins' configuration (NN-name.conf or name.conf)"`
+	// PluginRegistrationTimeout bounds how long a plugin may take to register.
+	PluginRegistrationTimeout Duration `toml:"plugin_registration_timeout" comment:"how long a plugin may take to register, e.g. \"5s\""`
+	// PluginRequestTimeout bounds how long a plugin may take to answer one event; a
+	// plugin that takes longer is disconnected and the call goes on without it.
+	PluginRequestTimeout Duration `toml:"plugin_request_timeout" comment:"how long a plugin may take to answer an event before it is disconnected, e.g. \"2s\""`
+	// DisableConnections refuses external plugins: only pre-registered ones run.
+	DisableConnections bool `toml:"disable_connections" comment:"do not listen on socket_path: only pre-registered plugins run"`
+}
+
+// Duration is a time.Duration written as a Go duration string ("2s", "500ms"), as
+// containerd writes its NRI timeouts.
+type Duration time.Duration
+
+// UnmarshalText parses a Go duration string.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalText writes the duration as a Go duration string.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
+
+func (n NRIConfig) validate() error {
+	if n.Disable {
+		return nil
+	}
+	for key, p := range map[string]string{"nri.socket_path": n.SocketPath, "nri.plugin_path": n.PluginPath, "nri.plugin_config_path": n.PluginConfigPath} {
+		if p != "" && !filepath.IsAbs(p) {
+			return fmt.Errorf("%s: %q must be an absolute path", key, p)
+		}
+	}
+	if n.SocketPath == "" && !n.DisableConnections {
+		return errors.New("nri.socket_path must be set unless nri.disable_connections is true")
+	}
+	for key, d := range map[string]Duration{"nri.plugin_registration_timeout": n.PluginRegistrationTimeout, "nri.plugin_request_timeout": n.PluginRequestTimeout} {
+		if d <= 0 || time.Duration(d) > maxSeconds*time.Second {
+			return fmt.Errorf("%s must be positive and at most a week, got %s", key, time.Duration(d))
+		}
+	}
+	return nil
 }
 
 // MetricsConfig configures the Prometheus metrics listener.
@@ -213,6 +277,14 @@ func Default() Config {
 		CDI: CDIConfig{
 			SpecDirs: []string{"/etc/cdi", "/var/run/cdi"},
 		},
+		NRI: NRIConfig{
+			Disable:                   true,
+			SocketPath:                "/var/run/nri/nri.sock",
+			PluginPath:                "/opt/nri/plugins",
+			PluginConfigPath:          "/etc/nri/conf.d",
+			PluginRegistrationTimeout: Duration(5 * time.Second),
+			PluginRequestTimeout:      Duration(2 * time.Second),
+		},
 		Runtimes: map[string]Runtime{
 			"runc": {Shim: "shim-runc", Namespace: "k8s.io", WarmSpare: true},
 		},
@@ -339,6 +411,9 @@ func (c Config) Validate() error {
 		return err
 	}
 	if err := c.Metrics.validate(); err != nil {
+		return err
+	}
+	if err := c.NRI.validate(); err != nil {
 		return err
 	}
 	return c.Streaming.validate()

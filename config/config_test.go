@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestDefaultRoundTrip(t *testing.T) {
@@ -116,6 +117,28 @@ func TestLoad(t *testing.T) {
 				t.Errorf("cni.timeout_seconds = %d, want 2", c.CNI.TimeoutSeconds)
 			}
 		}},
+		{name: "nri defaults: containerd's paths and timeouts, off", file: "", check: func(t *testing.T, c Config) {
+			want := NRIConfig{Disable: true, SocketPath: "/var/run/nri/nri.sock", PluginPath: "/opt/nri/plugins", PluginConfigPath: "/etc/nri/conf.d",
+				PluginRegistrationTimeout: Duration(5 * time.Second), PluginRequestTimeout: Duration(2 * time.Second)}
+			if c.NRI != want {
+				t.Errorf("nri = %+v, want %+v", c.NRI, want)
+			}
+		}},
+		{name: "nri on with timeouts", file: "[nri]\ndisable = false\nsocket_path = \"/tmp/n.sock\"\nplugin_request_timeout = \"500ms\"\nplugin_registration_timeout = \"1m\"\n", check: func(t *testing.T, c Config) {
+			if c.NRI.Disable || c.NRI.SocketPath != "/tmp/n.sock" || c.NRI.PluginRequestTimeout != Duration(500*time.Millisecond) || c.NRI.PluginRegistrationTimeout != Duration(time.Minute) || c.NRI.PluginPath != "/opt/nri/plugins" {
+				t.Errorf("nri = %+v", c.NRI)
+			}
+		}},
+		{name: "nri bad duration", file: "[nri]\nplugin_request_timeout = \"2\"\n", wantErr: "missing unit"},
+		{name: "nri zero timeout", file: "[nri]\ndisable = false\nplugin_request_timeout = \"0s\"\n", wantErr: "nri.plugin_request_timeout must be positive"},
+		{name: "nri relative socket", file: "[nri]\ndisable = false\nsocket_path = \"nri.sock\"\n", wantErr: "nri.socket_path: \"nri.sock\" must be an absolute path"},
+		{name: "nri no socket without disable_connections", file: "[nri]\ndisable = false\nsocket_path = \"\"\n", wantErr: "nri.socket_path must be set"},
+		{name: "nri only pre-registered plugins", file: "[nri]\ndisable = false\nsocket_path = \"\"\ndisable_connections = true\n", check: func(t *testing.T, c Config) {
+			if !c.NRI.DisableConnections {
+				t.Errorf("nri.disable_connections = false")
+			}
+		}},
+		{name: "nri unknown key", file: "[nri]\nplugin_dir = \"/x\"\n", wantErr: "unknown key"},
 		{name: "cni timeout zero", file: "[cni]\ntimeout_seconds = 0\n", wantErr: "cni.timeout_seconds must be positive"},
 		{name: "cni masquerade default", file: "", check: func(t *testing.T, c Config) {
 			if c.CNI.Masquerade != "runtime" {

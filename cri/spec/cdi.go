@@ -79,6 +79,15 @@ func (c *CDI) injectCDI(s *specs.Spec, cfg *runtime.ContainerConfig) error {
 	if err != nil || len(devices) == 0 {
 		return err
 	}
+	return c.InjectDevices(s, devices)
+}
+
+// InjectDevices applies the edits of the named (fully qualified) CDI devices to s, as
+// a container that requested them gets them; NRI plugins name devices this way.
+func (c *CDI) InjectDevices(s *specs.Spec, devices []string) error {
+	if len(devices) == 0 {
+		return nil
+	}
 	if c == nil {
 		return failedPreconditionf("CDI device %q requested but CDI is off (cdi.spec_dirs is empty)", devices[0])
 	}
