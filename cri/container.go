@@ -25,6 +25,7 @@ import (
 	"github.com/crisp-runtime/crisp/image/remote"
 	"github.com/crisp-runtime/crisp/metrics"
 	"github.com/crisp-runtime/crisp/mount"
+	"github.com/crisp-runtime/crisp/nri"
 )
 
 // containerBucket holds the CRI's record of each container.
@@ -235,6 +236,23 @@ func (s *Service) createContainer(ctx context.Context, p *pod, st *controller.St
 		log.Warn("container spec", "warning", w)
 	}
 
+	// 3b. NRI plugins adjust the spec before it is final, as in containerd. They may
+	// not synchronize until the container is listed (or its create has failed).
+	defer s.nri.BlockSync().Unblock()
+	nriResources, err := s.adjustWithNRI(ctx, p, id, cfg, res.Spec)
+	if s.nri.Enabled() {
+		defer func() {
+			if retErr != nil {
+				cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				s.nri.UndoCreateContainer(cctx, s.nriPod(p), newNRIContainer(p, id, cfg, res.Spec))
+			}
+		}()
+	}
+	if err != nil {
+		return "", err
+	}
+
 	// 4. The container in the pod's shim.
 	logPath := ""
 	if dir, lp := p.config.GetLogDirectory(), cfg.GetLogPath(); dir != "" && lp != "" {
@@ -271,6 +289,7 @@ func (s *Service) createContainer(ctx context.Context, p *pod, st *controller.St
 	c := newContainer(containerRecord{
 		ID: id, PodID: p.rec.ID, Config: raw, ImageID: img.ID, ImageRef: imageRef, LogPath: logPath,
 		State: stateCreated, CreatedAt: time.Now().UnixNano(), User: res.User, StopSignal: int(stopSig),
+		Resources: nriResources,
 	}, cfg, nameKey)
 	if err := s.store.Put(containerBucket, id, c.rec); err != nil {
 		return "", err
@@ -279,6 +298,9 @@ func (s *Service) createContainer(ctx context.Context, p *pod, st *controller.St
 	s.containers[id] = c
 	s.mu.Unlock()
 	s.emitContainerEvent(id, p.rec.ID, runtime.ContainerEventType_CONTAINER_CREATED_EVENT)
+	if s.nri.Enabled() {
+		s.nri.PostCreateContainer(ctx, s.nriPod(p), nriContainer(c, res.Spec))
+	}
 	ph.observe(s.metrics.ObserveContainerCreatePhase)
 	return id, nil
 }
@@ -400,8 +422,20 @@ func (s *Service) StartContainer(ctx context.Context, req *runtime.StartContaine
 			return nil, toStatus(fmt.Errorf("create log dir of container %s: %w", rec.ID, err))
 		}
 	}
+	var nriPod nri.Pod
+	if s.nri.Enabled() {
+		// As in containerd: a plugin's error fails the start.
+		nriPod = s.nriPodOf(rec.PodID)
+		if err := s.nri.StartContainer(ctx, nriPod, nriContainer(c, nil)); err != nil {
+			s.nri.StopContainer(ctx, nriPod, nriContainer(c, nil))
+			return nil, toStatus(err)
+		}
+	}
 	pid, err := s.ctrl.StartContainer(ctx, rec.PodID, rec.ID)
 	if err != nil {
+		if s.nri.Enabled() {
+			s.nri.StopContainer(ctx, nriPod, nriContainer(c, nil))
+		}
 		c.mu.Lock()
 		c.rec.State, c.rec.FinishedAt, c.rec.ExitCode, c.rec.Reason, c.rec.Message = stateExited, time.Now().UnixNano(), 128, "StartError", err.Error()
 		r := c.rec
@@ -422,6 +456,9 @@ func (s *Service) StartContainer(ctx context.Context, req *runtime.StartContaine
 	// Before the monitor starts, so that STARTED always precedes STOPPED.
 	s.emitContainerEvent(r.ID, r.PodID, runtime.ContainerEventType_CONTAINER_STARTED_EVENT)
 	s.monitor(c)
+	if s.nri.Enabled() {
+		s.nri.PostStartContainer(ctx, nriPod, nriContainer(c, nil))
+	}
 	s.metrics.ObserveContainerStart(time.Since(start))
 	return &runtime.StartContainerResponse{}, nil
 }
@@ -488,6 +525,13 @@ func (s *Service) awaitExit(ctx context.Context, c *container, rec containerReco
 	c.markExited()
 	s.metrics.ContainerExited(r.Reason)
 	s.log.Info("container exited", "container", r.ID, "exit_code", r.ExitCode, "reason", r.Reason)
+	if s.nri.Enabled() {
+		// As containerd's exit handler: plugins see the stop of a container that ended
+		// on its own (once: StopContainer's own report is then a no-op).
+		nctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		s.nri.StopContainer(nctx, s.nriPodOf(r.PodID), nriContainer(c, nil))
+		cancel()
+	}
 }
 
 // exitRecord fills in how the container ended from its monitor's wait: st and err
@@ -531,6 +575,9 @@ func (s *Service) StopContainer(ctx context.Context, req *runtime.StopContainerR
 	defer c.op.Unlock()
 	if err := s.stopContainer(ctx, c, criTimeout(req.GetTimeout())); err != nil {
 		return nil, toStatus(err)
+	}
+	if s.nri.Enabled() {
+		s.nri.StopContainer(ctx, s.nriPodOf(c.rec.PodID), nriContainer(c, nil))
 	}
 	return &runtime.StopContainerResponse{}, nil
 }
@@ -626,6 +673,9 @@ func (s *Service) removeContainer(ctx context.Context, c *container) error {
 	s.mu.Unlock()
 	s.ctrNames.release(c.nameKey, rec.ID)
 	s.emitContainerEvent(rec.ID, rec.PodID, runtime.ContainerEventType_CONTAINER_DELETED_EVENT)
+	if s.nri.Enabled() {
+		s.nri.RemoveContainer(ctx, s.nriPodOf(rec.PodID), nriContainer(c, nil))
+	}
 	return nil
 }
 
@@ -781,39 +831,62 @@ func (s *Service) UpdateContainerResources(ctx context.Context, req *runtime.Upd
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	c.op.Lock()
-	defer c.op.Unlock()
-	rec := c.snapshot()
-	if rec.State != stateRunning && rec.State != stateCreated {
-		return nil, toStatus(fmt.Errorf("container %s is %s: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition))
-	}
 	// The request is checked on its own, so that an error names what it sent.
 	if _, err := spec.UpdateResources(req.GetLinux()); err != nil {
 		return nil, toStatus(err)
 	}
+	linux := req.GetLinux()
+	var nriPod nri.Pod
+	if s.nri.Enabled() {
+		// Before the container's lock, as containerd asks before its status update: a
+		// plugin's answer may update or evict containers, this one too.
+		nriPod = s.nriPodOf(c.rec.PodID)
+		upd, err := s.nri.UpdateContainer(ctx, nriPod, nriContainer(c, nil), nri.FromCRIResources(linux))
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		if upd != nil {
+			linux = nri.ToCRIResources(upd, linux.GetOomScoreAdj())
+		}
+	}
+	c.op.Lock()
+	defer c.op.Unlock()
+	if err := s.updateResources(ctx, c, linux); err != nil {
+		return nil, toStatus(err)
+	}
+	if s.nri.Enabled() {
+		s.nri.PostUpdateContainer(ctx, nriPod, nriContainer(c, nil))
+	}
+	return &runtime.UpdateContainerResourcesResponse{}, nil
+}
+
+// updateResources applies an update of the container's resources (UpdateContainerResources,
+// and NRI plugins' updates); c.op must be held.
+func (s *Service) updateResources(ctx context.Context, c *container, linux *runtime.LinuxContainerResources) error {
+	rec := c.snapshot()
+	if rec.State != stateRunning && rec.State != stateCreated {
+		return fmt.Errorf("container %s is %s: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
+	}
 	// What the container runs with after it: the update merged into what it had, as
 	// containerd merges it into the spec. The shim, the bundle's spec and
 	// ContainerStatus all get that whole, so none of them loses what the update left.
-	merged := spec.MergeResources(currentResources(rec, c.config), req.GetLinux())
+	merged := spec.MergeResources(currentResources(rec, c.config), linux)
 	res, err := spec.UpdateResources(merged)
 	if err != nil {
-		return nil, toStatus(err)
+		return err
 	}
 	if err := s.ctrl.UpdateContainer(ctx, rec.PodID, rec.ID, res); err != nil {
-		return nil, toStatus(err)
+		return err
 	}
 	raw, err := protojson.Marshal(merged)
 	if err != nil {
-		return nil, toStatus(fmt.Errorf("encode resources of container %s: %w", rec.ID, err))
+		return fmt.Errorf("encode resources of container %s: %w", rec.ID, err)
 	}
 	c.mu.Lock()
 	c.rec.Resources = raw
 	r := c.rec
 	c.mu.Unlock()
-	if err := s.store.Put(containerBucket, r.ID, r); err != nil {
-		return nil, toStatus(err)
-	}
-	return &runtime.UpdateContainerResourcesResponse{}, nil
+	return s.store.Put(containerBucket, r.ID, r)
 }
 
 // ReopenContainerLog has the shim reopen the log file kubelet just rotated.

@@ -50,7 +50,7 @@ func (s *Service) UpdateRuntimeConfig(_ context.Context, req *runtime.UpdateRunt
 // limits, so there is nothing further for crisp to apply. The values are validated,
 // stored with the pod (they survive restarts) and shown in PodSandboxStatus verbose
 // info as "overhead" and "resources".
-func (s *Service) UpdatePodSandboxResources(_ context.Context, req *runtime.UpdatePodSandboxResourcesRequest) (*runtime.UpdatePodSandboxResourcesResponse, error) {
+func (s *Service) UpdatePodSandboxResources(ctx context.Context, req *runtime.UpdatePodSandboxResourcesRequest) (*runtime.UpdatePodSandboxResourcesResponse, error) {
 	p, err := s.resolvePod(req.GetPodSandboxId())
 	if err != nil {
 		return nil, toStatus(err)
@@ -79,6 +79,20 @@ func (s *Service) UpdatePodSandboxResources(_ context.Context, req *runtime.Upda
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	if s.nri.Enabled() {
+		// As in containerd: plugins see the new pod-level resources first, and their
+		// error fails the update.
+		np := s.nriPod(p)
+		if req.GetOverhead() != nil {
+			np.Overhead = req.GetOverhead()
+		}
+		if req.GetResources() != nil {
+			np.Resources = req.GetResources()
+		}
+		if err := s.nri.UpdatePodSandbox(ctx, np); err != nil {
+			return nil, toStatus(fmt.Errorf("NRI UpdatePodSandbox of pod %s: %w", p.rec.ID, err))
+		}
+	}
 	// Under the service lock: the record is written whole, and a concurrent update of
 	// the same pod must not interleave with this one.
 	s.mu.Lock()
@@ -105,5 +119,8 @@ func (s *Service) UpdatePodSandboxResources(_ context.Context, req *runtime.Upda
 	}
 	s.log.Info("recorded pod-level resources; the pod cgroup is kubelet's, nothing else to apply",
 		"pod", rec.ID, "overhead", string(overhead), "resources", string(resources))
+	if s.nri.Enabled() {
+		s.nri.PostUpdatePodSandbox(ctx, s.nriPod(p))
+	}
 	return &runtime.UpdatePodSandboxResourcesResponse{}, nil
 }

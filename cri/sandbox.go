@@ -21,6 +21,7 @@ import (
 	"github.com/crisp-runtime/crisp/cri/spec"
 	"github.com/crisp-runtime/crisp/metrics"
 	"github.com/crisp-runtime/crisp/network"
+	"github.com/crisp-runtime/crisp/nri"
 )
 
 var errNotFound = errdefs.ErrNotFound
@@ -175,7 +176,6 @@ func (s *Service) RunPodSandbox(ctx context.Context, req *runtime.RunPodSandboxR
 		}
 	}()
 
-	// 5. Persist the CRI record; from here the pod exists.
 	raw, err := protojson.Marshal(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("encode pod config: %w", err)
@@ -185,6 +185,26 @@ func (s *Service) RunPodSandbox(ctx context.Context, req *runtime.RunPodSandboxR
 		config:  cfg,
 		nameKey: nameKey,
 	}
+
+	// 5. NRI plugins see the pod once it is up, before it is listed; their error fails
+	// the call, as in containerd. They may not synchronize until the pod is listed.
+	if s.nri.Enabled() {
+		defer s.nri.BlockSync().Unblock()
+		np := s.nriPod(p)
+		np.CgroupsPath = ctrlSpec.PauseCgroupsPath
+		if err := s.nri.RunPodSandbox(ctx, np); err != nil {
+			return nil, fmt.Errorf("NRI RunPodSandbox of pod %s: %w", id, err)
+		}
+		defer func() {
+			if retErr != nil {
+				cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				s.nri.RemovePodSandbox(cctx, np)
+			}
+		}()
+	}
+
+	// 6. Persist the CRI record; from here the pod exists.
 	if err := s.store.Put(podBucket, id, p.rec); err != nil {
 		return nil, err
 	}
@@ -231,6 +251,9 @@ func (s *Service) StopPodSandbox(ctx context.Context, req *runtime.StopPodSandbo
 	if err := s.ctrl.Stop(ctx, p.rec.ID, 0); err != nil {
 		return nil, toStatus(fmt.Errorf("stop pod sandbox %s: %w", p.rec.ID, err))
 	}
+	if s.nri.Enabled() {
+		s.nri.StopPodSandbox(ctx, s.nriPod(p))
+	}
 	s.unmountShm(p.rec.ID)
 	if s.evs.markStopped(p.rec.ID) {
 		s.emitPodEvent(p, runtime.ContainerEventType_CONTAINER_STOPPED_EVENT)
@@ -249,6 +272,11 @@ func (s *Service) RemovePodSandbox(ctx context.Context, req *runtime.RemovePodSa
 		return nil, toStatus(err)
 	}
 	id := p.rec.ID
+	var nriPod nri.Pod
+	if s.nri.Enabled() {
+		// Taken while the sandbox is there to report its address.
+		nriPod = s.nriPod(p)
+	}
 	for _, c := range s.containersOf(id) {
 		if err := s.removeContainer(ctx, c); err != nil {
 			return nil, toStatus(fmt.Errorf("remove container %s of pod %s: %w", c.rec.ID, id, err))
@@ -269,6 +297,9 @@ func (s *Service) RemovePodSandbox(ctx context.Context, req *runtime.RemovePodSa
 	}
 	if err := s.store.Delete(podBucket, id); err != nil {
 		return nil, toStatus(err)
+	}
+	if s.nri.Enabled() {
+		s.nri.RemovePodSandbox(ctx, nriPod)
 	}
 	s.mu.Lock()
 	delete(s.pods, id)

@@ -19,6 +19,7 @@ import (
 	"github.com/crisp-runtime/crisp/image"
 	"github.com/crisp-runtime/crisp/metrics"
 	"github.com/crisp-runtime/crisp/network"
+	"github.com/crisp-runtime/crisp/nri"
 	"github.com/crisp-runtime/crisp/store"
 	"github.com/crisp-runtime/crisp/version"
 )
@@ -62,6 +63,9 @@ type Service struct {
 	cdi *spec.CDI
 	// apparmor is the host's AppArmor (nil: none, or disable_apparmor).
 	apparmor spec.AppArmor
+	// nri relays pod and container events to NRI plugins and applies their
+	// adjustments (nil: NRI is off). Set by SetNRI before serving.
+	nri *nri.NRI
 
 	// bg is the context of the container exit monitors; Close cancels it and waits
 	// for them (monitors), so that no monitor takes the controller's closing of its

@@ -23,6 +23,7 @@ import (
 	"github.com/crisp-runtime/crisp/memtrim"
 	"github.com/crisp-runtime/crisp/metrics"
 	"github.com/crisp-runtime/crisp/network"
+	"github.com/crisp-runtime/crisp/nri"
 	"github.com/crisp-runtime/crisp/store"
 	"github.com/crisp-runtime/crisp/streaming"
 	"github.com/crisp-runtime/crisp/version"
@@ -122,6 +123,18 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if err := svc.Recover(ctx, live); err != nil {
 		return err
 	}
+	// NRI starts once the recovered pods and containers are known (a plugin that
+	// connects is synchronized with them) and before the CRI socket serves; it stops
+	// after the CRI server (defers run last first), so no call is left half-relayed.
+	n, err := nri.New(cfg.NRI, log.With("component", "nri"), svc.CDIInjector())
+	if err != nil {
+		return err
+	}
+	svc.SetNRI(n)
+	if err := n.Start(svc.NRIRuntime()); err != nil {
+		return err
+	}
+	defer n.Stop()
 	go svc.WatchSandboxExits(ctx)
 
 	// Image pulls and pod bursts leave megabytes of free heap that the runtime's
