@@ -522,16 +522,17 @@ func (s *Service) awaitExit(ctx context.Context, c *container, rec containerReco
 	// Before exited is closed: RemoveContainer waits for it, so STOPPED always
 	// precedes DELETED.
 	s.emitContainerEvent(r.ID, r.PodID, runtime.ContainerEventType_CONTAINER_STOPPED_EVENT)
-	c.markExited()
-	s.metrics.ContainerExited(r.Reason)
-	s.log.Info("container exited", "container", r.ID, "exit_code", r.ExitCode, "reason", r.Reason)
 	if s.nri.Enabled() {
 		// As containerd's exit handler: plugins see the stop of a container that ended
-		// on its own (once: StopContainer's own report is then a no-op).
+		// on its own, or was killed (once: the other reports are then no-ops). Before
+		// exited is closed, so that they see it before StopPodSandbox and RemoveContainer.
 		nctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		s.nri.StopContainer(nctx, s.nriPodOf(r.PodID), nriContainer(c, nil))
 		cancel()
 	}
+	c.markExited()
+	s.metrics.ContainerExited(r.Reason)
+	s.log.Info("container exited", "container", r.ID, "exit_code", r.ExitCode, "reason", r.Reason)
 }
 
 // exitRecord fills in how the container ended from its monitor's wait: st and err

@@ -1,0 +1,329 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containerd/nri/pkg/api"
+	"github.com/containerd/nri/pkg/stub"
+	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// nriEnv is an env whose criserver runs NRI on a socket of its own.
+type nriEnv struct {
+	*env
+	nriSocket string
+}
+
+// newNRIEnv turns NRI on with a request timeout of requestTimeout.
+func newNRIEnv(t *testing.T, requestTimeout string) *nriEnv {
+	t.Helper()
+	e := newEnv(t)
+	n := &nriEnv{env: e, nriSocket: filepath.Join(e.dir, "nri.sock")}
+	f, err := os.OpenFile(e.cfgPath, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := fmt.Fprintf(f, "[nri]\ndisable = false\nsocket_path = %q\nplugin_path = %q\nplugin_config_path = %q\nplugin_request_timeout = %q\n",
+		n.nriSocket, filepath.Join(e.dir, "nri-plugins"), filepath.Join(e.dir, "nri-conf"), requestTimeout); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// nriSyncer is the Synchronize every e2e plugin has: connectPlugin waits for it.
+type nriSyncer struct{ synced chan struct{} }
+
+func (s *nriSyncer) Synchronize(context.Context, []*api.PodSandbox, []*api.Container) ([]*api.ContainerUpdate, error) {
+	close(s.synced)
+	return nil, nil
+}
+
+// connectPlugin connects p, written with the NRI library's stub, to criserver's NRI
+// socket and waits until it is synchronized.
+func (n *nriEnv) connectPlugin(t *testing.T, name, idx string, p any, synced chan struct{}) stub.Stub {
+	t.Helper()
+	st, err := stub.New(p, stub.WithSocketPath(n.nriSocket), stub.WithPluginName(name), stub.WithPluginIdx(idx))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The stub serves the plugin's handlers under this context.
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if err := st.Start(ctx); err != nil {
+		t.Fatalf("start NRI plugin %s: %v", name, err)
+	}
+	t.Cleanup(st.Stop)
+	select {
+	case <-synced:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("NRI plugin %s was not synchronized; log:\n%s", name, n.log())
+	}
+	// criserver adds the plugin just after its Synchronize answers.
+	time.Sleep(100 * time.Millisecond)
+	return st
+}
+
+// adjustPlugin adjusts the containers named "adjusted" and records every event.
+type adjustPlugin struct {
+	*nriSyncer
+	mount string
+
+	mu     sync.Mutex
+	events []string
+}
+
+func (p *adjustPlugin) record(ev string) {
+	p.mu.Lock()
+	p.events = append(p.events, ev)
+	p.mu.Unlock()
+}
+
+func (p *adjustPlugin) seen() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.events)
+}
+
+func (p *adjustPlugin) RunPodSandbox(_ context.Context, pod *api.PodSandbox) error {
+	p.record("RunPodSandbox " + pod.GetName())
+	return nil
+}
+func (p *adjustPlugin) StopPodSandbox(_ context.Context, pod *api.PodSandbox) error {
+	p.record("StopPodSandbox " + pod.GetName())
+	return nil
+}
+func (p *adjustPlugin) RemovePodSandbox(_ context.Context, pod *api.PodSandbox) error {
+	p.record("RemovePodSandbox " + pod.GetName())
+	return nil
+}
+func (p *adjustPlugin) CreateContainer(_ context.Context, _ *api.PodSandbox, c *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+	p.record("CreateContainer " + c.GetName())
+	if c.GetName() != "adjusted" {
+		return nil, nil, nil
+	}
+	adj := &api.ContainerAdjustment{}
+	adj.AddEnv("NRI_E2E", "injected")
+	adj.AddAnnotation("nri.e2e/annotation", "set")
+	adj.AddMount(&api.Mount{Source: p.mount, Destination: "/nri-data", Type: "bind", Options: []string{"rbind", "ro"}})
+	adj.SetLinuxMemoryLimit(48 << 20)
+	adj.SetLinuxCPUSetCPUs("0")
+	return adj, nil, nil
+}
+func (p *adjustPlugin) PostCreateContainer(_ context.Context, _ *api.PodSandbox, c *api.Container) error {
+	p.record("PostCreateContainer " + c.GetName())
+	return nil
+}
+func (p *adjustPlugin) StartContainer(_ context.Context, _ *api.PodSandbox, c *api.Container) error {
+	p.record("StartContainer " + c.GetName())
+	return nil
+}
+func (p *adjustPlugin) PostStartContainer(_ context.Context, _ *api.PodSandbox, c *api.Container) error {
+	p.record("PostStartContainer " + c.GetName())
+	return nil
+}
+func (p *adjustPlugin) UpdateContainer(_ context.Context, _ *api.PodSandbox, c *api.Container, _ *api.LinuxResources) ([]*api.ContainerUpdate, error) {
+	p.record("UpdateContainer " + c.GetName())
+	return nil, nil
+}
+func (p *adjustPlugin) PostUpdateContainer(_ context.Context, _ *api.PodSandbox, c *api.Container) error {
+	p.record("PostUpdateContainer " + c.GetName())
+	return nil
+}
+func (p *adjustPlugin) StopContainer(_ context.Context, _ *api.PodSandbox, c *api.Container) ([]*api.ContainerUpdate, error) {
+	p.record("StopContainer " + c.GetName())
+	return nil, nil
+}
+func (p *adjustPlugin) RemoveContainer(_ context.Context, _ *api.PodSandbox, c *api.Container) error {
+	p.record("RemoveContainer " + c.GetName())
+	return nil
+}
+
+// readCgroup reads a cgroup v1 file of a container of env e.
+func (e *env) readCgroup(t *testing.T, controller, id, file string) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", controller, e.cgroup, "crisp-"+id, file))
+	if err != nil {
+		t.Fatalf("read %s of container %s: %v", file, id, err)
+	}
+	return strings.TrimSpace(string(data))
+}
+
+func TestE2ENRIAdjustEventsAndUpdates(t *testing.T) {
+	n := newNRIEnv(t, "2s")
+	n.start()
+	ctx := ctxT(t)
+	img := n.busybox(ctx)
+	data := filepath.Join(n.dir, "nri-data")
+	if err := os.MkdirAll(data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(data, "hello"), []byte("hello from nri\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := &adjustPlugin{nriSyncer: &nriSyncer{synced: make(chan struct{})}, mount: data}
+	st := n.connectPlugin(t, "adjust", "10", p, p.synced)
+
+	pod := n.podConfig("nri")
+	podID := n.runPod(ctx, pod)
+	cfg := ctrConfig("adjusted", img, "sh", "-c", "env > /tmp/env.new && mv /tmp/env.new /tmp/env && exec sleep 3600")
+	id := n.runCtr(ctx, podID, pod, cfg)
+
+	env := strings.Split(n.mustExec(ctx, t, id, "sh", "-c", "until [ -f /tmp/env ]; do sleep 0.05; done; cat /tmp/env"), "\n")
+	if !slices.Contains(env, "NRI_E2E=injected") {
+		t.Errorf("container env %q lacks the plugin's NRI_E2E=injected", env)
+	}
+	if out := n.mustExec(ctx, t, id, "cat", "/nri-data/hello"); out != "hello from nri\n" {
+		t.Errorf("plugin's mount: %q", out)
+	}
+	if resp, err := n.execSync(ctx, id, 10, "touch", "/nri-data/new"); err != nil || resp.ExitCode == 0 {
+		t.Errorf("the plugin's read-only mount is writable (err %v)", err)
+	}
+	vs, err := n.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: id, Verbose: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info struct {
+		RuntimeSpec struct {
+			Annotations map[string]string `json:"annotations"`
+		} `json:"runtimeSpec"`
+	}
+	if err := json.Unmarshal([]byte(vs.GetInfo()["info"]), &info); err != nil {
+		t.Fatalf("verbose info: %v", err)
+	}
+	if got := info.RuntimeSpec.Annotations["nri.e2e/annotation"]; got != "set" {
+		t.Errorf("spec annotation nri.e2e/annotation = %q, want set", got)
+	}
+	if got := n.readCgroup(t, "memory", id, "memory.limit_in_bytes"); got != fmt.Sprint(48<<20) {
+		t.Errorf("memory limit %s, want the plugin's 48 MiB", got)
+	}
+	if got := n.readCgroup(t, "cpuset", id, "cpuset.cpus"); got != "0" {
+		t.Errorf("cpuset.cpus %q, want the plugin's 0", got)
+	}
+	// ContainerStatus reports what the container runs with.
+	if got := vs.GetStatus().GetResources().GetLinux(); got.GetMemoryLimitInBytes() != 48<<20 || got.GetCpusetCpus() != "0" {
+		t.Errorf("ContainerStatus resources = %v, want the plugin's memory and cpuset", got)
+	}
+
+	// A CRI update goes through the plugins, and keeps the plugin's cpuset.
+	if _, err := n.rt.UpdateContainerResources(ctx, &cri.UpdateContainerResourcesRequest{ContainerId: id, Linux: &cri.LinuxContainerResources{MemoryLimitInBytes: 64 << 20}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.readCgroup(t, "memory", id, "memory.limit_in_bytes"); got != fmt.Sprint(64<<20) {
+		t.Errorf("memory limit after the CRI update %s, want 64 MiB", got)
+	}
+	if got := n.readCgroup(t, "cpuset", id, "cpuset.cpus"); got != "0" {
+		t.Errorf("cpuset.cpus after the CRI update %q, want the plugin's 0 kept", got)
+	}
+
+	// An unsolicited update from the plugin takes the same path.
+	up := &api.ContainerUpdate{}
+	up.SetContainerId(id)
+	up.SetLinuxMemoryLimit(96 << 20)
+	if failed, err := st.UpdateContainers([]*api.ContainerUpdate{up}); err != nil || len(failed) != 0 {
+		t.Fatalf("plugin's UpdateContainers = %v, %v", failed, err)
+	}
+	if got := n.readCgroup(t, "memory", id, "memory.limit_in_bytes"); got != fmt.Sprint(96<<20) {
+		t.Errorf("memory limit after the plugin's update %s, want 96 MiB", got)
+	}
+	if s, err := n.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: id}); err != nil || s.GetStatus().GetResources().GetLinux().GetMemoryLimitInBytes() != 96<<20 {
+		t.Errorf("ContainerStatus after the plugin's update: %v, %v", s.GetStatus().GetResources(), err)
+	}
+
+	// A container the plugin leaves alone gets none of it.
+	plain := n.runCtr(ctx, podID, pod, ctrConfig("plain", img, "sleep", "3600"))
+	if out := n.mustExec(ctx, t, plain, "sh", "-c", "echo ${NRI_E2E:-unset}; [ -e /nri-data ] && echo mounted || echo absent"); out != "unset\nabsent\n" {
+		t.Errorf("plain container: %q", out)
+	}
+
+	n.stopRemove(ctx, t, podID)
+	want := []string{
+		"RunPodSandbox nri",
+		"CreateContainer adjusted", "PostCreateContainer adjusted", "StartContainer adjusted", "PostStartContainer adjusted",
+		"UpdateContainer adjusted", "PostUpdateContainer adjusted",
+		"CreateContainer plain", "PostCreateContainer plain", "StartContainer plain", "PostStartContainer plain",
+		"StopPodSandbox nri", "RemovePodSandbox nri",
+	}
+	got := p.seen()
+	// The stops and removes of the two containers come in either order, between
+	// the last start and the pod's stop.
+	var ctrEnds, rest []string
+	for _, ev := range got {
+		if strings.HasPrefix(ev, "StopContainer ") || strings.HasPrefix(ev, "RemoveContainer ") {
+			ctrEnds = append(ctrEnds, ev)
+			continue
+		}
+		rest = append(rest, ev)
+	}
+	if !slices.Equal(rest, want) {
+		t.Errorf("plugin saw %q, want (besides container stops and removes) %q", got, want)
+	}
+	slices.Sort(ctrEnds)
+	if wantEnds := []string{"RemoveContainer adjusted", "RemoveContainer plain", "StopContainer adjusted", "StopContainer plain"}; !slices.Equal(ctrEnds, wantEnds) {
+		t.Errorf("container stops and removes %q, want each once: %q", ctrEnds, wantEnds)
+	}
+	if i, j := slices.Index(got, "StopContainer adjusted"), slices.Index(got, "RemoveContainer adjusted"); i > j {
+		t.Errorf("RemoveContainer before StopContainer: %q", got)
+	}
+}
+
+// hangPlugin never answers CreateContainer.
+type hangPlugin struct {
+	*nriSyncer
+	release chan struct{}
+}
+
+func (h *hangPlugin) CreateContainer(ctx context.Context, _ *api.PodSandbox, _ *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+	select {
+	case <-h.release:
+	case <-ctx.Done():
+	}
+	return nil, nil, nil
+}
+
+// TestE2ENRIHangingPlugin: as in containerd, a plugin that does not answer within
+// plugin_request_timeout is disconnected and the CRI call goes on without it.
+func TestE2ENRIHangingPlugin(t *testing.T) {
+	n := newNRIEnv(t, "1s")
+	n.start()
+	ctx := ctxT(t)
+	img := n.busybox(ctx)
+	h := &hangPlugin{nriSyncer: &nriSyncer{synced: make(chan struct{})}, release: make(chan struct{})}
+	defer close(h.release)
+	n.connectPlugin(t, "hang", "10", h, h.synced)
+
+	pod := n.podConfig("nri-hang")
+	podID := n.runPod(ctx, pod)
+	begin := time.Now()
+	id := n.runCtr(ctx, podID, pod, ctrConfig("late", img, "sleep", "3600"))
+	took := time.Since(begin)
+	t.Logf("create+start with a hanging plugin: %v", took)
+	if took < time.Second {
+		t.Errorf("create took %v: the plugin's CreateContainer was not waited for", took)
+	}
+	if out := n.mustExec(ctx, t, id, "echo", "ok"); out != "ok\n" {
+		t.Errorf("exec: %q", out)
+	}
+	// criserver keeps serving, and the next create does not wait for the plugin.
+	if _, err := n.rt.Version(ctx, &cri.VersionRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	begin = time.Now()
+	n.runCtr(ctx, podID, pod, ctrConfig("next", img, "sleep", "3600"))
+	if d := time.Since(begin); d > time.Second {
+		t.Logf("second create took %v", d)
+	}
+	if !strings.Contains(n.log(), "closing plugin 10-hang") {
+		t.Errorf("criserver's log does not name the plugin it disconnected:\n%s", n.log())
+	}
+	n.stopRemove(ctx, t, podID)
+}
