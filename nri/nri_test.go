@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -407,5 +408,25 @@ func TestResourcesRoundTrip(t *testing.T) {
 	out := ToCRIResources(FromCRIResources(in), 0)
 	if out.String() != in.String() {
 		t.Errorf("round trip: %v, want %v", out, in)
+	}
+}
+
+func TestAdjustSpecClasses(t *testing.T) {
+	n := &NRI{}
+	rdt := &api.ContainerAdjustment{}
+	rdt.SetLinuxRDTClass("gold")
+	s := testSpec()
+	if err := n.AdjustSpec(s, rdt); err != nil || s.Linux.IntelRdt == nil || s.Linux.IntelRdt.ClosID != "gold" {
+		t.Errorf("RDT class: %v, %+v", err, s.Linux.IntelRdt)
+	}
+	bio := &api.ContainerAdjustment{}
+	bio.SetLinuxBlockIOClass("slow")
+	if err := n.AdjustSpec(testSpec(), bio); err == nil || !strings.Contains(err.Error(), `"slow"`) {
+		t.Errorf("block I/O class: %v, want an error naming it", err)
+	}
+	cdi := &api.ContainerAdjustment{}
+	cdi.AddCDIDevice(&api.CDIDevice{Name: "vendor.com/gpu=0"})
+	if err := n.AdjustSpec(testSpec(), cdi); err == nil || !strings.Contains(err.Error(), "CDI is off") {
+		t.Errorf("CDI device without CDI: %v", err)
 	}
 }

@@ -1,6 +1,7 @@
 package nri
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 
@@ -128,8 +129,21 @@ func nriState(s runtime.ContainerState) api.ContainerState {
 func adjustSpec(s *rspec.Spec, adj *api.ContainerAdjustment, cdi func(*rspec.Spec, []string) error) error {
 	g := nrigen.SpecGenerator(newSpecGen(s),
 		nrigen.WithCDIDeviceInjector(cdi),
-		// crisp has no RDT or block I/O class configuration: a plugin that sets a class
-		// gets an error naming it rather than a silently dropped setting.
+		// As containerd: an RDT class is the container's CLOS.
+		nrigen.WithRdtResolver(func(class string) (*rspec.LinuxIntelRdt, error) {
+			if class == "" {
+				return nil, nil
+			}
+			return &rspec.LinuxIntelRdt{ClosID: class}, nil
+		}),
+		// crisp has no block I/O class configuration (containerd's comes from
+		// goresctrl's): a class is refused by name rather than silently dropped.
+		nrigen.WithBlockIOResolver(func(class string) (*rspec.LinuxBlockIO, error) {
+			if class == "" {
+				return nil, nil
+			}
+			return nil, fmt.Errorf("block I/O class %q: crisp has no block I/O classes", class)
+		}),
 	)
 	return g.Adjust(adj)
 }
