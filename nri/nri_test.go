@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -428,5 +430,32 @@ func TestAdjustSpecClasses(t *testing.T) {
 	cdi.AddCDIDevice(&api.CDIDevice{Name: "vendor.com/gpu=0"})
 	if err := n.AdjustSpec(testSpec(), cdi); err == nil || !strings.Contains(err.Error(), "CDI is off") {
 		t.Errorf("CDI device without CDI: %v", err)
+	}
+}
+
+// TestPreRegisteredPlugin: criserver starts the plugins of plugin_path with their
+// configuration from plugin_config_path, and stops them with NRI.
+func TestPreRegisteredPlugin(t *testing.T) {
+	cfg := testConfig(t)
+	if err := os.MkdirAll(cfg.PluginPath, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(cfg.PluginConfigPath, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	build := exec.Command("go", "build", "-o", filepath.Join(cfg.PluginPath, "05-prereg"), "./testdata/plugin")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the test plugin: %v\n%s", err, out)
+	}
+	if err := os.WriteFile(filepath.Join(cfg.PluginConfigPath, "05-prereg.conf"), []byte("from-conf.d\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n := startNRI(t, cfg, newTestRuntime())
+	s := testSpec()
+	if _, err := n.CreateContainer(context.Background(), Pod{ID: "p"}, Container{ID: "c", PodID: "p", Spec: s}); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(s.Process.Env, "PREREGISTERED=from-conf.d") {
+		t.Errorf("env %q lacks the pre-registered plugin's PREREGISTERED=from-conf.d", s.Process.Env)
 	}
 }
