@@ -327,3 +327,50 @@ func TestE2ENRIHangingPlugin(t *testing.T) {
 	}
 	n.stopRemove(ctx, t, podID)
 }
+
+// syncRecorder records what it was synchronized with.
+type syncRecorder struct {
+	synced chan struct{}
+	pods   []*api.PodSandbox
+	ctrs   []*api.Container
+}
+
+func (s *syncRecorder) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*api.Container) ([]*api.ContainerUpdate, error) {
+	s.pods, s.ctrs = pods, ctrs
+	close(s.synced)
+	return nil, nil
+}
+
+// TestE2ENRISynchronizeAfterRestart: a plugin that connects after a restart of
+// criserver is synchronized with the pods and containers criserver recovered.
+func TestE2ENRISynchronizeAfterRestart(t *testing.T) {
+	n := newNRIEnv(t, "2s")
+	n.start()
+	ctx := ctxT(t)
+	img := n.busybox(ctx)
+	pod := n.podConfig("nri-sync")
+	podID := n.runPod(ctx, pod)
+	cfg := ctrConfig("survivor", img, "sleep", "3600")
+	cfg.Linux.Resources = &cri.LinuxContainerResources{MemoryLimitInBytes: 80 << 20, CpusetCpus: "0"}
+	id := n.runCtr(ctx, podID, pod, cfg)
+
+	n.stop()
+	n.start()
+	ctx = ctxT(t)
+	s := &syncRecorder{synced: make(chan struct{})}
+	n.connectPlugin(t, "sync", "10", s, s.synced)
+	if len(s.pods) != 1 || s.pods[0].GetId() != podID || s.pods[0].GetName() != "nri-sync" || s.pods[0].GetNamespace() != "e2e" {
+		t.Errorf("synchronized pods = %v, want %s only", s.pods, podID)
+	}
+	if len(s.ctrs) != 1 {
+		t.Fatalf("synchronized containers = %v, want %s only", s.ctrs, id)
+	}
+	c := s.ctrs[0]
+	if c.GetId() != id || c.GetPodSandboxId() != podID || c.GetName() != "survivor" || c.GetState() != api.ContainerState_CONTAINER_RUNNING || c.GetPid() == 0 {
+		t.Errorf("synchronized container = %v", c)
+	}
+	if r := c.GetLinux().GetResources(); r.GetMemory().GetLimit().GetValue() != 80<<20 || r.GetCpu().GetCpus() != "0" {
+		t.Errorf("synchronized container resources = %v, want its memory limit and cpuset", r)
+	}
+	n.stopRemove(ctx, t, podID)
+}
