@@ -246,6 +246,14 @@ func TestE2ENRIAdjustEventsAndUpdates(t *testing.T) {
 	}
 
 	n.stopRemove(ctx, t, podID)
+	checkNRIEvents(t, "crisp", p.seen())
+}
+
+// checkNRIEvents checks the events the adjust plugin saw of its scenario: pod nri
+// with containers adjusted (updated once through the CRI) and plain, then the pod
+// stopped and removed. crisp's and containerd's runs must both match.
+func checkNRIEvents(t *testing.T, runtime string, got []string) {
+	t.Helper()
 	want := []string{
 		"RunPodSandbox nri",
 		"CreateContainer adjusted", "PostCreateContainer adjusted", "StartContainer adjusted", "PostStartContainer adjusted",
@@ -253,7 +261,6 @@ func TestE2ENRIAdjustEventsAndUpdates(t *testing.T) {
 		"CreateContainer plain", "PostCreateContainer plain", "StartContainer plain", "PostStartContainer plain",
 		"StopPodSandbox nri", "RemovePodSandbox nri",
 	}
-	got := p.seen()
 	// The stops and removes of the two containers come in either order, between
 	// the last start and the pod's stop.
 	var ctrEnds, rest []string
@@ -265,14 +272,17 @@ func TestE2ENRIAdjustEventsAndUpdates(t *testing.T) {
 		rest = append(rest, ev)
 	}
 	if !slices.Equal(rest, want) {
-		t.Errorf("plugin saw %q, want (besides container stops and removes) %q", got, want)
+		t.Errorf("%s: plugin saw %q, want (besides container stops and removes) %q", runtime, got, want)
 	}
 	slices.Sort(ctrEnds)
 	if wantEnds := []string{"RemoveContainer adjusted", "RemoveContainer plain", "StopContainer adjusted", "StopContainer plain"}; !slices.Equal(ctrEnds, wantEnds) {
-		t.Errorf("container stops and removes %q, want each once: %q", ctrEnds, wantEnds)
+		t.Errorf("%s: container stops and removes %q, want each once: %q", runtime, ctrEnds, wantEnds)
 	}
-	if i, j := slices.Index(got, "StopContainer adjusted"), slices.Index(got, "RemoveContainer adjusted"); i > j {
-		t.Errorf("RemoveContainer before StopContainer: %q", got)
+	for _, ctr := range []string{"adjusted", "plain"} {
+		stop, remove := slices.Index(got, "StopContainer "+ctr), slices.Index(got, "RemoveContainer "+ctr)
+		if stop > remove || stop > slices.Index(got, "StopPodSandbox nri") || remove > slices.Index(got, "RemovePodSandbox nri") {
+			t.Errorf("%s: %s's stop and remove out of order: %q", runtime, ctr, got)
+		}
 	}
 }
 
@@ -373,4 +383,99 @@ func TestE2ENRISynchronizeAfterRestart(t *testing.T) {
 		t.Errorf("synchronized container resources = %v, want its memory limit and cpuset", r)
 	}
 	n.stopRemove(ctx, t, podID)
+}
+
+// withContainerdNRI turns containerd's NRI on, on a socket of the test's, with the
+// request timeout given.
+func withContainerdNRI(socket *string, requestTimeout string) ctrdOption {
+	return func(c *ctrd, config *string) {
+		*socket = filepath.Join(c.dir, "nri.sock")
+		on := fmt.Sprintf("[plugins.'io.containerd.nri.v1.nri']\n  disable = false\n  socket_path = %q\n  plugin_path = %q\n  plugin_config_path = %q\n  plugin_request_timeout = %q\n",
+			*socket, filepath.Join(c.dir, "nri-plugins"), filepath.Join(c.dir, "nri-conf"), requestTimeout)
+		off := "[plugins.'io.containerd.nri.v1.nri']\n  disable = true\n"
+		if !strings.Contains(*config, off) {
+			c.t.Fatalf("containerd's config has no NRI section to turn on")
+		}
+		*config = strings.Replace(*config, off, on, 1)
+	}
+}
+
+// TestE2ENRIContainerd runs the plugin of TestE2ENRIAdjustEventsAndUpdates, and the
+// hanging one, against containerd 2.4.2 (runc handler), for the side-by-side
+// comparison: the same adjustments inside the container and its cgroup, the same
+// events in the same order, the same behaviour on a plugin that hangs.
+func TestE2ENRIContainerd(t *testing.T) {
+	var socket string
+	c := newContainerd(t, withContainerdNRI(&socket, "1s"))
+	ctx := ctxT(t)
+	data := filepath.Join(c.dir, "nri-data")
+	if err := os.MkdirAll(data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(data, "hello"), []byte("hello from nri\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n := &nriEnv{nriSocket: socket, env: &env{t: t, logPath: c.logPath}}
+	p := &adjustPlugin{nriSyncer: &nriSyncer{synced: make(chan struct{})}, mount: data}
+	n.connectPlugin(t, "adjust", "10", p, p.synced)
+
+	pod := c.podConfig("nri")
+	podID := c.runPod(ctx, t, pod, "runc")
+	cfg := c.ctrConfig("adjusted", "sh", "-c", "env > /tmp/env.new && mv /tmp/env.new /tmp/env && exec sleep 3600")
+	id, err := c.createStart(ctx, podID, pod, cfg)
+	if err != nil {
+		c.removePod(ctx, t, podID)
+		t.Fatal(err)
+	}
+	exec := func(cmd ...string) string {
+		t.Helper()
+		resp, err := c.rt.ExecSync(ctx, &cri.ExecSyncRequest{ContainerId: id, Cmd: cmd, Timeout: 10})
+		if err != nil || resp.ExitCode != 0 {
+			t.Fatalf("exec %q: %v %s", cmd, err, resp.GetStderr())
+		}
+		return string(resp.Stdout)
+	}
+	env := strings.Split(exec("sh", "-c", "until [ -f /tmp/env ]; do sleep 0.05; done; cat /tmp/env"), "\n")
+	if !slices.Contains(env, "NRI_E2E=injected") {
+		t.Errorf("containerd: container env %q lacks NRI_E2E=injected", env)
+	}
+	if out := exec("cat", "/nri-data/hello"); out != "hello from nri\n" {
+		t.Errorf("containerd: plugin's mount: %q", out)
+	}
+	// runc mounts the container's own cgroup at /sys/fs/cgroup inside it (v1).
+	if out := strings.TrimSpace(exec("cat", "/sys/fs/cgroup/memory/memory.limit_in_bytes")); out != fmt.Sprint(48<<20) {
+		t.Errorf("containerd: memory limit %s, want 48 MiB", out)
+	}
+	if out := strings.TrimSpace(exec("cat", "/sys/fs/cgroup/cpuset/cpuset.cpus")); out != "0" {
+		t.Errorf("containerd: cpuset %s, want 0", out)
+	}
+	st, err := c.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("containerd: ContainerStatus resources after the plugin's adjustment: %v", st.GetStatus().GetResources().GetLinux())
+	if _, err := c.rt.UpdateContainerResources(ctx, &cri.UpdateContainerResourcesRequest{ContainerId: id, Linux: &cri.LinuxContainerResources{MemoryLimitInBytes: 64 << 20}}); err != nil {
+		t.Fatal(err)
+	}
+	if out := strings.TrimSpace(exec("cat", "/sys/fs/cgroup/cpuset/cpuset.cpus")); out != "0" {
+		t.Logf("containerd: cpuset after a CRI update that does not name it: %s", out)
+	}
+	if _, err := c.createStart(ctx, podID, pod, c.ctrConfig("plain", "sleep", "3600")); err != nil {
+		t.Fatal(err)
+	}
+	c.removePod(ctx, t, podID)
+	checkNRIEvents(t, "containerd", p.seen())
+
+	// The hanging plugin: the create waits for the timeout and goes on.
+	h := &hangPlugin{nriSyncer: &nriSyncer{synced: make(chan struct{})}, release: make(chan struct{})}
+	defer close(h.release)
+	n.connectPlugin(t, "hang", "20", h, h.synced)
+	pod2 := c.podConfig("nri-hang")
+	pod2ID := c.runPod(ctx, t, pod2, "runc")
+	defer c.removePod(ctx, t, pod2ID)
+	begin := time.Now()
+	if _, err := c.createStart(ctx, pod2ID, pod2, c.ctrConfig("late", "sleep", "3600")); err != nil {
+		t.Errorf("containerd: create with a hanging plugin: %v", err)
+	}
+	t.Logf("containerd: create+start with a hanging plugin: %v", time.Since(begin))
 }
