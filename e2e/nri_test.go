@@ -479,3 +479,47 @@ func TestE2ENRIContainerd(t *testing.T) {
 	}
 	t.Logf("containerd: create+start with a hanging plugin: %v", time.Since(begin))
 }
+
+// noopPlugin subscribes to every pod and container event and changes nothing.
+type noopPlugin struct{ *adjustPlugin }
+
+func (noopPlugin) CreateContainer(context.Context, *api.PodSandbox, *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+	return nil, nil, nil
+}
+
+// TestE2ENRICost measures the pod cycle (RunPodSandbox, CreateContainer,
+// StartContainer, StopPodSandbox, RemovePodSandbox) with NRI on and no plugin, then
+// with a no-op plugin that takes every event; the plugin's cost must stay within a
+// few milliseconds a cycle.
+func TestE2ENRICost(t *testing.T) {
+	n := newNRIEnv(t, "2s")
+	n.start()
+	ctx := ctxT(t)
+	img := n.busybox(ctx)
+	const runs = 15
+	cycle := func(tag string) time.Duration {
+		var ds []time.Duration
+		for i := range runs {
+			pod := n.podConfig(fmt.Sprintf("cost-%s-%d", tag, i))
+			start := time.Now()
+			podID := n.runPod(ctx, pod)
+			n.runCtr(ctx, podID, pod, ctrConfig("c", img, "sleep", "3600"))
+			n.stopRemove(ctx, t, podID)
+			ds = append(ds, time.Since(start))
+		}
+		slices.Sort(ds)
+		return ds[len(ds)/2]
+	}
+	cycle("warm")
+	none := cycle("none")
+	p := noopPlugin{&adjustPlugin{nriSyncer: &nriSyncer{synced: make(chan struct{})}}}
+	n.connectPlugin(t, "noop", "10", p, p.synced)
+	one := cycle("noop")
+	t.Logf("pod cycle p50 over %d: NRI on, no plugin %v; one no-op plugin %v (+%v)", runs, none, one, one-none)
+	if len(p.seen()) < runs*9 { // 9 events a cycle
+		t.Errorf("the no-op plugin saw %d events in %d cycles: it was not called", len(p.seen()), runs)
+	}
+	if one-none > 50*time.Millisecond {
+		t.Errorf("a no-op plugin adds %v to the pod cycle", one-none)
+	}
+}
