@@ -345,6 +345,9 @@ type syncRecorder struct {
 	ctrs   []*api.Container
 }
 
+// RunPodSandbox is there because the stub refuses a plugin that handles no event.
+func (s *syncRecorder) RunPodSandbox(context.Context, *api.PodSandbox) error { return nil }
+
 func (s *syncRecorder) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*api.Container) ([]*api.ContainerUpdate, error) {
 	s.pods, s.ctrs = pods, ctrs
 	close(s.synced)
@@ -408,6 +411,9 @@ func TestE2ENRIContainerd(t *testing.T) {
 	var socket string
 	c := newContainerd(t, withContainerdNRI(&socket, "1s"))
 	ctx := ctxT(t)
+	if _, err := c.img.PullImage(ctx, &cri.PullImageRequest{Image: &cri.ImageSpec{Image: c.busybox}}); err != nil {
+		t.Fatalf("pull busybox: %v\n%s", err, c.logTail(4000))
+	}
 	data := filepath.Join(c.dir, "nri-data")
 	if err := os.MkdirAll(data, 0o755); err != nil {
 		t.Fatal(err)
