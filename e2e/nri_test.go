@@ -115,6 +115,7 @@ func (p *adjustPlugin) CreateContainer(_ context.Context, _ *api.PodSandbox, c *
 	adj.AddEnv("NRI_E2E", "injected")
 	adj.AddAnnotation("nri.e2e/annotation", "set")
 	adj.AddMount(&api.Mount{Source: p.mount, Destination: "/nri-data", Type: "bind", Options: []string{"rbind", "ro"}})
+	adj.AddDevice(&api.LinuxDevice{Path: "/dev/nri-zero", Type: "c", Major: 1, Minor: 5, FileMode: api.FileMode(os.FileMode(0o666))})
 	adj.SetLinuxMemoryLimit(48 << 20)
 	adj.SetLinuxCPUSetCPUs("0")
 	return adj, nil, nil
@@ -187,6 +188,10 @@ func TestE2ENRIAdjustEventsAndUpdates(t *testing.T) {
 	}
 	if resp, err := n.execSync(ctx, id, 10, "touch", "/nri-data/new"); err != nil || resp.ExitCode == 0 {
 		t.Errorf("the plugin's read-only mount is writable (err %v)", err)
+	}
+	// The plugin's device is there and its device cgroup rule lets the container read it.
+	if out := n.mustExec(ctx, t, id, "sh", "-c", "head -c 3 /dev/nri-zero | wc -c"); strings.TrimSpace(out) != "3" {
+		t.Errorf("reading the plugin's /dev/nri-zero: %q", out)
 	}
 	vs, err := n.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: id, Verbose: true})
 	if err != nil {
@@ -447,6 +452,9 @@ func TestE2ENRIContainerd(t *testing.T) {
 	}
 	if out := exec("cat", "/nri-data/hello"); out != "hello from nri\n" {
 		t.Errorf("containerd: plugin's mount: %q", out)
+	}
+	if out := exec("sh", "-c", "head -c 3 /dev/nri-zero | wc -c"); strings.TrimSpace(out) != "3" {
+		t.Errorf("containerd: reading the plugin's /dev/nri-zero: %q", out)
 	}
 	// runc mounts the container's own cgroup at /sys/fs/cgroup inside it (v1).
 	if out := strings.TrimSpace(exec("cat", "/sys/fs/cgroup/memory/memory.limit_in_bytes")); out != fmt.Sprint(48<<20) {
