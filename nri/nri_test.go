@@ -433,23 +433,29 @@ func TestAdjustSpecClasses(t *testing.T) {
 	}
 }
 
-// TestPreRegisteredPlugin: criserver starts the plugins of plugin_path with their
-// configuration from plugin_config_path, and stops them with NRI.
-func TestPreRegisteredPlugin(t *testing.T) {
-	cfg := testConfig(t)
-	if err := os.MkdirAll(cfg.PluginPath, 0o755); err != nil {
-		t.Fatal(err)
+// buildPlugin builds testdata/plugin into cfg's plugin_path as name, with config as
+// its plugin_config_path configuration.
+func buildPlugin(t *testing.T, cfg config.NRIConfig, name, config string) {
+	t.Helper()
+	for _, d := range []string{cfg.PluginPath, cfg.PluginConfigPath} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := os.MkdirAll(cfg.PluginConfigPath, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	build := exec.Command("go", "build", "-o", filepath.Join(cfg.PluginPath, "05-prereg"), "./testdata/plugin")
+	build := exec.Command("go", "build", "-o", filepath.Join(cfg.PluginPath, name), "./testdata/plugin")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build the test plugin: %v\n%s", err, out)
 	}
-	if err := os.WriteFile(filepath.Join(cfg.PluginConfigPath, "05-prereg.conf"), []byte("from-conf.d\n"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(cfg.PluginConfigPath, name+".conf"), []byte(config+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestPreRegisteredPlugin: criserver starts the plugins of plugin_path with their
+// configuration from plugin_config_path.
+func TestPreRegisteredPlugin(t *testing.T) {
+	cfg := testConfig(t)
+	buildPlugin(t, cfg, "05-prereg", "from-conf.d")
 	n := startNRI(t, cfg, newTestRuntime())
 	s := testSpec()
 	if _, err := n.CreateContainer(context.Background(), Pod{ID: "p"}, Container{ID: "c", PodID: "p", Spec: s}); err != nil {
@@ -457,5 +463,60 @@ func TestPreRegisteredPlugin(t *testing.T) {
 	}
 	if !slices.Contains(s.Process.Env, "PREREGISTERED=from-conf.d") {
 		t.Errorf("env %q lacks the pre-registered plugin's PREREGISTERED=from-conf.d", s.Process.Env)
+	}
+}
+
+// TestCrashingPlugin: a plugin that dies while handling CreateContainer is dropped
+// and the create goes on without it, as in containerd.
+func TestCrashingPlugin(t *testing.T) {
+	cfg := testConfig(t)
+	buildPlugin(t, cfg, "05-crash", "crash")
+	n := startNRI(t, cfg, newTestRuntime())
+	a := &adjuster{newSyncer()}
+	startPlugin(t, n, cfg.SocketPath, "adjuster", "10", a)
+	for _, id := range []string{"c1", "c2"} {
+		s := testSpec()
+		if _, err := n.CreateContainer(context.Background(), Pod{ID: "p"}, Container{ID: id, PodID: "p", Spec: s}); err != nil {
+			t.Fatalf("create %s after the plugin crashed: %v", id, err)
+		}
+		// The other plugin still adjusts.
+		if !slices.Contains(s.Process.Env, "NRI_INJECTED=yes") {
+			t.Errorf("create %s: env %q lacks the surviving plugin's adjustment", id, s.Process.Env)
+		}
+	}
+}
+
+// order records the order plugins are called in.
+type order struct {
+	*syncer
+	name string
+	log  *[]string
+	mu   *sync.Mutex
+}
+
+func (o order) CreateContainer(context.Context, *api.PodSandbox, *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+	o.mu.Lock()
+	*o.log = append(*o.log, o.name)
+	o.mu.Unlock()
+	return nil, nil, nil
+}
+
+// TestPluginsOrderedByIndex: plugins are called in the order of their index,
+// whatever the order they connected in.
+func TestPluginsOrderedByIndex(t *testing.T) {
+	cfg := testConfig(t)
+	n := startNRI(t, cfg, newTestRuntime())
+	var log []string
+	var mu sync.Mutex
+	for _, p := range []struct{ name, idx string }{{"late", "90"}, {"early", "05"}, {"middle", "50"}} {
+		startPlugin(t, n, cfg.SocketPath, p.name, p.idx, order{syncer: newSyncer(), name: p.name, log: &log, mu: &mu})
+	}
+	if _, err := n.CreateContainer(context.Background(), Pod{ID: "p"}, Container{ID: "c", PodID: "p", Spec: testSpec()}); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"early", "middle", "late"}; !slices.Equal(log, want) {
+		t.Errorf("plugins called in order %q, want %q", log, want)
 	}
 }

@@ -1,5 +1,6 @@
 // Command plugin is a pre-registered NRI plugin for nri's tests: started by the
-// runtime from its plugin_path, it sets PREREGISTERED=<its config> in every container.
+// runtime from its plugin_path, it sets PREREGISTERED=<its config> in every container;
+// with the config "crash" it exits at its first CreateContainer instead.
 package main
 
 import (
@@ -22,6 +23,9 @@ func (p *plugin) Configure(_ context.Context, config, _, _ string) (api.EventMas
 }
 
 func (p *plugin) CreateContainer(context.Context, *api.PodSandbox, *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+	if p.value == "crash" {
+		os.Exit(3)
+	}
 	adj := &api.ContainerAdjustment{}
 	adj.AddEnv("PREREGISTERED", p.value)
 	return adj, nil, nil
