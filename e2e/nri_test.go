@@ -98,6 +98,14 @@ func (p *adjustPlugin) RunPodSandbox(_ context.Context, pod *api.PodSandbox) err
 	p.record("RunPodSandbox " + pod.GetName())
 	return nil
 }
+func (p *adjustPlugin) UpdatePodSandbox(_ context.Context, pod *api.PodSandbox, _, res *api.LinuxResources) error {
+	p.record(fmt.Sprintf("UpdatePodSandbox %s %d", pod.GetName(), res.GetMemory().GetLimit().GetValue()))
+	return nil
+}
+func (p *adjustPlugin) PostUpdatePodSandbox(_ context.Context, pod *api.PodSandbox) error {
+	p.record("PostUpdatePodSandbox " + pod.GetName())
+	return nil
+}
 func (p *adjustPlugin) StopPodSandbox(_ context.Context, pod *api.PodSandbox) error {
 	p.record("StopPodSandbox " + pod.GetName())
 	return nil
@@ -250,13 +258,16 @@ func TestE2ENRIAdjustEventsAndUpdates(t *testing.T) {
 		t.Errorf("plain container: %q", out)
 	}
 
+	if _, err := n.rt.UpdatePodSandboxResources(ctx, &cri.UpdatePodSandboxResourcesRequest{PodSandboxId: podID, Resources: &cri.LinuxContainerResources{MemoryLimitInBytes: 256 << 20}}); err != nil {
+		t.Fatal(err)
+	}
 	n.stopRemove(ctx, t, podID)
 	checkNRIEvents(t, "crisp", p.seen())
 }
 
 // checkNRIEvents checks the events the adjust plugin saw of its scenario: pod nri
-// with containers adjusted (updated once through the CRI) and plain, then the pod
-// stopped and removed. crisp's and containerd's runs must both match.
+// with containers adjusted (updated once through the CRI) and plain, the pod's
+// resources updated (256 MiB), then the pod stopped and removed. crisp's and containerd's runs must both match.
 func checkNRIEvents(t *testing.T, runtime string, got []string) {
 	t.Helper()
 	want := []string{
@@ -264,6 +275,7 @@ func checkNRIEvents(t *testing.T, runtime string, got []string) {
 		"CreateContainer adjusted", "PostCreateContainer adjusted", "StartContainer adjusted", "PostStartContainer adjusted",
 		"UpdateContainer adjusted", "PostUpdateContainer adjusted",
 		"CreateContainer plain", "PostCreateContainer plain", "StartContainer plain", "PostStartContainer plain",
+		fmt.Sprintf("UpdatePodSandbox nri %d", 256<<20), "PostUpdatePodSandbox nri",
 		"StopPodSandbox nri", "RemovePodSandbox nri",
 	}
 	// The stops and removes of the two containers come in either order, between
@@ -475,6 +487,9 @@ func TestE2ENRIContainerd(t *testing.T) {
 		t.Logf("containerd: cpuset after a CRI update that does not name it: %s", out)
 	}
 	if _, err := c.createStart(ctx, podID, pod, c.ctrConfig("plain", "sleep", "3600")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.rt.UpdatePodSandboxResources(ctx, &cri.UpdatePodSandboxResourcesRequest{PodSandboxId: podID, Resources: &cri.LinuxContainerResources{MemoryLimitInBytes: 256 << 20}}); err != nil {
 		t.Fatal(err)
 	}
 	c.removePod(ctx, t, podID)
