@@ -8,13 +8,14 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/crisp-runtime/crisp/nri/nritest"
 )
 
 // nriEnv is an env whose criserver runs NRI on a socket of its own.
@@ -76,46 +77,16 @@ func (n *nriEnv) connectPlugin(t *testing.T, name, idx string, p any, synced cha
 // adjustPlugin adjusts the containers named "adjusted" and records every event.
 type adjustPlugin struct {
 	*nriSyncer
+	nritest.Recorder
 	mount string
-
-	mu     sync.Mutex
-	events []string
 }
 
-func (p *adjustPlugin) record(ev string) {
-	p.mu.Lock()
-	p.events = append(p.events, ev)
-	p.mu.Unlock()
-}
-
-func (p *adjustPlugin) seen() []string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return slices.Clone(p.events)
-}
-
-func (p *adjustPlugin) RunPodSandbox(_ context.Context, pod *api.PodSandbox) error {
-	p.record("RunPodSandbox " + pod.GetName())
-	return nil
-}
 func (p *adjustPlugin) UpdatePodSandbox(_ context.Context, pod *api.PodSandbox, _, res *api.LinuxResources) error {
-	p.record(fmt.Sprintf("UpdatePodSandbox %s %d", pod.GetName(), res.GetMemory().GetLimit().GetValue()))
-	return nil
-}
-func (p *adjustPlugin) PostUpdatePodSandbox(_ context.Context, pod *api.PodSandbox) error {
-	p.record("PostUpdatePodSandbox " + pod.GetName())
-	return nil
-}
-func (p *adjustPlugin) StopPodSandbox(_ context.Context, pod *api.PodSandbox) error {
-	p.record("StopPodSandbox " + pod.GetName())
-	return nil
-}
-func (p *adjustPlugin) RemovePodSandbox(_ context.Context, pod *api.PodSandbox) error {
-	p.record("RemovePodSandbox " + pod.GetName())
+	p.Record(fmt.Sprintf("UpdatePodSandbox %s %d", pod.GetName(), res.GetMemory().GetLimit().GetValue()))
 	return nil
 }
 func (p *adjustPlugin) CreateContainer(_ context.Context, _ *api.PodSandbox, c *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
-	p.record("CreateContainer " + c.GetName())
+	p.Record("CreateContainer " + c.GetName())
 	if c.GetName() != "adjusted" {
 		return nil, nil, nil
 	}
@@ -127,34 +98,6 @@ func (p *adjustPlugin) CreateContainer(_ context.Context, _ *api.PodSandbox, c *
 	adj.SetLinuxMemoryLimit(48 << 20)
 	adj.SetLinuxCPUSetCPUs("0")
 	return adj, nil, nil
-}
-func (p *adjustPlugin) PostCreateContainer(_ context.Context, _ *api.PodSandbox, c *api.Container) error {
-	p.record("PostCreateContainer " + c.GetName())
-	return nil
-}
-func (p *adjustPlugin) StartContainer(_ context.Context, _ *api.PodSandbox, c *api.Container) error {
-	p.record("StartContainer " + c.GetName())
-	return nil
-}
-func (p *adjustPlugin) PostStartContainer(_ context.Context, _ *api.PodSandbox, c *api.Container) error {
-	p.record("PostStartContainer " + c.GetName())
-	return nil
-}
-func (p *adjustPlugin) UpdateContainer(_ context.Context, _ *api.PodSandbox, c *api.Container, _ *api.LinuxResources) ([]*api.ContainerUpdate, error) {
-	p.record("UpdateContainer " + c.GetName())
-	return nil, nil
-}
-func (p *adjustPlugin) PostUpdateContainer(_ context.Context, _ *api.PodSandbox, c *api.Container) error {
-	p.record("PostUpdateContainer " + c.GetName())
-	return nil
-}
-func (p *adjustPlugin) StopContainer(_ context.Context, _ *api.PodSandbox, c *api.Container) ([]*api.ContainerUpdate, error) {
-	p.record("StopContainer " + c.GetName())
-	return nil, nil
-}
-func (p *adjustPlugin) RemoveContainer(_ context.Context, _ *api.PodSandbox, c *api.Container) error {
-	p.record("RemoveContainer " + c.GetName())
-	return nil
 }
 
 // readCgroup reads a cgroup v1 file of a container of env e.
@@ -262,7 +205,7 @@ func TestE2ENRIAdjustEventsAndUpdates(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.stopRemove(ctx, t, podID)
-	checkNRIEvents(t, "crisp", p.seen())
+	checkNRIEvents(t, "crisp", p.Events())
 }
 
 // checkNRIEvents checks the events the adjust plugin saw of its scenario: pod nri
@@ -493,7 +436,7 @@ func TestE2ENRIContainerd(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.removePod(ctx, t, podID)
-	checkNRIEvents(t, "containerd", p.seen())
+	checkNRIEvents(t, "containerd", p.Events())
 
 	// The hanging plugin: the create waits for the timeout and goes on.
 	h := &hangPlugin{nriSyncer: &nriSyncer{synced: make(chan struct{})}, release: make(chan struct{})}
@@ -556,8 +499,8 @@ func TestE2ENRICost(t *testing.T) {
 	base2, one := compare("noop")
 	t.Logf("pod cycle p50 over %d: NRI off %v, on with no plugin %v (%+v); NRI off %v, on with one no-op plugin %v (%+v)",
 		runs, base, none, none-base, base2, one, one-base2)
-	if len(p.seen()) < runs*8 { // 8 recorded events a cycle (its CreateContainer records none)
-		t.Errorf("the no-op plugin saw %d events in %d cycles: it was not called", len(p.seen()), runs)
+	if len(p.Events()) < runs*8 { // 8 recorded events a cycle (its CreateContainer records none)
+		t.Errorf("the no-op plugin saw %d events in %d cycles: it was not called", len(p.Events()), runs)
 	}
 	if none-base > 50*time.Millisecond || one-base2 > 50*time.Millisecond {
 		t.Errorf("NRI adds %v a pod cycle with no plugin, %v with a no-op plugin", none-base, one-base2)

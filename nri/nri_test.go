@@ -19,6 +19,7 @@ import (
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/crisp-runtime/crisp/config"
+	"github.com/crisp-runtime/crisp/nri/nritest"
 )
 
 // testRuntime is the CRI side as NRI sees it: a fixed state, and a record of the
@@ -335,47 +336,16 @@ func TestSynchronizeAndUnsolicitedUpdate(t *testing.T) {
 	}
 }
 
-// events records the lifecycle events a plugin sees.
+// events records the lifecycle events a plugin sees, by id.
 type events struct {
 	*syncer
-	mu  sync.Mutex
-	got []string
-}
-
-func (e *events) add(ev string) {
-	e.mu.Lock()
-	e.got = append(e.got, ev)
-	e.mu.Unlock()
-}
-func (e *events) RunPodSandbox(_ context.Context, p *api.PodSandbox) error {
-	e.add("RunPodSandbox " + p.GetId())
-	return nil
-}
-func (e *events) StopPodSandbox(_ context.Context, p *api.PodSandbox) error {
-	e.add("StopPodSandbox " + p.GetId())
-	return nil
-}
-func (e *events) RemovePodSandbox(_ context.Context, p *api.PodSandbox) error {
-	e.add("RemovePodSandbox " + p.GetId())
-	return nil
-}
-func (e *events) StartContainer(_ context.Context, _ *api.PodSandbox, c *api.Container) error {
-	e.add("StartContainer " + c.GetId())
-	return nil
-}
-func (e *events) StopContainer(_ context.Context, _ *api.PodSandbox, c *api.Container) ([]*api.ContainerUpdate, error) {
-	e.add("StopContainer " + c.GetId())
-	return nil, nil
-}
-func (e *events) RemoveContainer(_ context.Context, _ *api.PodSandbox, c *api.Container) error {
-	e.add("RemoveContainer " + c.GetId())
-	return nil
+	nritest.Recorder
 }
 
 func TestEachStopAndRemoveSentOnce(t *testing.T) {
 	cfg := testConfig(t)
 	n := startNRI(t, cfg, newTestRuntime())
-	ev := &events{syncer: newSyncer()}
+	ev := &events{syncer: newSyncer(), Recorder: nritest.Recorder{ByID: true}}
 	startPlugin(t, n, cfg.SocketPath, "events", "10", ev)
 	ctx := context.Background()
 	p := Pod{ID: "p"}
@@ -397,10 +367,8 @@ func TestEachStopAndRemoveSentOnce(t *testing.T) {
 	n.RemoveContainer(ctx, p, c)
 	n.RemovePodSandbox(ctx, p)
 	want := []string{"RunPodSandbox p", "StartContainer c", "StopContainer c", "StopPodSandbox p", "RemoveContainer c", "RemovePodSandbox p"}
-	ev.mu.Lock()
-	defer ev.mu.Unlock()
-	if !slices.Equal(ev.got, want) {
-		t.Errorf("events = %q, want %q", ev.got, want)
+	if got := ev.Events(); !slices.Equal(got, want) {
+		t.Errorf("events = %q, want %q", got, want)
 	}
 }
 
