@@ -144,7 +144,7 @@ func (s *Service) PortForward(_ context.Context, req *runtime.PortForwardRequest
 	if _, err := s.readyPod(p.rec.ID); err != nil {
 		return nil, toStatus(err)
 	}
-	if rt := s.cfg.Runtimes[p.rec.Handler]; sandboxNetstack(rt) != "" {
+	if rt := s.cfg.Runtimes[p.rec.Handler]; isGVisor(rt) {
 		// Each connection reads the runsc options again; a broken file fails here,
 		// where the caller sees why, rather than on every connection.
 		if _, err := runscOptions(rt); err != nil {
@@ -171,19 +171,16 @@ func (s *Service) PortForward(_ context.Context, req *runtime.PortForwardRequest
 // shim's config for containerd.
 const gvisorOptionsType = "io.containerd.runsc.v1.options"
 
-// sandboxNetstack names the network stack that a handler's sandbox runs inside itself
-// instead of using the pod's network namespace: gVisor's, whose shim a task-only
-// handler names or whose options it sends, and whose ports port-forward reaches
-// through runsc. It is "" for the others (runc, crisp's shim), whose containers'
-// sockets are the namespace's.
-func sandboxNetstack(rt config.Runtime) string {
+// isGVisor reports whether a handler runs gVisor (a task-only handler naming gVisor's
+// shim or sending its options): its sandbox keeps the pod's sockets in gVisor's own
+// netstack, not in the pod's network namespace, so port-forward reaches its ports
+// through runsc.
+func isGVisor(rt config.Runtime) bool {
 	if rt.Mode() != config.SandboxModeTask {
-		return ""
+		return false
 	}
-	if typ, _ := rt.Options["TypeUrl"].(string); typ == gvisorOptionsType || filepath.Base(rt.Shim) == "containerd-shim-runsc-v1" {
-		return "gVisor's netstack"
-	}
-	return ""
+	typ, _ := rt.Options["TypeUrl"].(string)
+	return typ == gvisorOptionsType || filepath.Base(rt.Shim) == "containerd-shim-runsc-v1"
 }
 
 func (s *Service) readyPod(id string) (*controller.Status, error) {
@@ -369,7 +366,7 @@ func (r *streamRuntime) PortForward(ctx context.Context, podSandboxID string, po
 		return err
 	}
 	var conn net.Conn
-	if rt := r.s.cfg.Runtimes[p.rec.Handler]; sandboxNetstack(rt) != "" {
+	if rt := r.s.cfg.Runtimes[p.rec.Handler]; isGVisor(rt) {
 		conn, err = r.s.dialSandbox(ctx, rt, st, port)
 	} else {
 		conn, err = dialInNetNS(ctx, st.NetNS, port)

@@ -18,8 +18,8 @@ func TestSandboxNetstack(t *testing.T) {
 		{"gVisor shim without options", config.Runtime{Shim: "/usr/local/bin/containerd-shim-runsc-v1", SandboxMode: "task"}, true},
 		{"kata options", config.Runtime{Shim: "containerd-shim-kata-v2", SandboxMode: "task", Options: map[string]any{"TypeUrl": "io.containerd.kata.v2.options"}}, false},
 	} {
-		if got := sandboxNetstack(c.rt) != ""; got != c.want {
-			t.Errorf("%s: sandboxNetstack %q, want a netstack: %v", c.name, sandboxNetstack(c.rt), c.want)
+		if got := isGVisor(c.rt); got != c.want {
+			t.Errorf("%s: isGVisor %v, want %v", c.name, got, c.want)
 		}
 	}
 }
