@@ -18,6 +18,7 @@ import (
 	bootstrap "github.com/containerd/containerd/api/runtime/bootstrap/v1"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/crisp-runtime/crisp/api/annotations"
 	"github.com/crisp-runtime/crisp/atomicfile"
 	"github.com/crisp-runtime/crisp/shim/sandbox"
 )
@@ -205,7 +206,7 @@ func legacyGroup(bundle, id string) string {
 	}
 	// The annotations naming the group, in the order containerd's runc shim reads
 	// them (cmd/containerd-shim-runc-v2/manager).
-	for _, k := range []string{"io.containerd.runc.v2.group", "io.kubernetes.cri.sandbox-id"} {
+	for _, k := range []string{annotations.RuncGroup, annotations.SandboxID} {
 		if g := spec.Annotations[k]; g != "" {
 			return g
 		}

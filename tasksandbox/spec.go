@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 
+	criann "github.com/crisp-runtime/crisp/api/annotations"
+
 	runcoptions "github.com/containerd/containerd/api/types/runc/options"
 	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
 	"github.com/containerd/errdefs"
@@ -20,18 +22,6 @@ import (
 
 	options "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/config"
-)
-
-// Annotations containerd's podsandbox puts on a pod's sandbox container and on its
-// containers; task-only shims (runc v2 grouping, Kata, gVisor) read them to tell a
-// sandbox from a container and to find a container's pod.
-const (
-	annotationContainerType    = "io.kubernetes.cri.container-type"
-	annotationSandboxID        = "io.kubernetes.cri.sandbox-id"
-	annotationSandboxName      = "io.kubernetes.cri.sandbox-name"
-	annotationSandboxNamespace = "io.kubernetes.cri.sandbox-namespace"
-	annotationSandboxUID       = "io.kubernetes.cri.sandbox-uid"
-	containerTypeSandbox       = "sandbox"
 )
 
 // pauseUID is the user the pause container runs as: registry.k8s.io/pause's, which
@@ -163,11 +153,11 @@ func (p PauseBundle) spec() (*specs.Spec, error) {
 	for k, v := range p.Annotations {
 		annotations[k] = v
 	}
-	annotations[annotationContainerType] = containerTypeSandbox
-	annotations[annotationSandboxID] = p.ID
-	annotations[annotationSandboxName] = p.Name
-	annotations[annotationSandboxNamespace] = p.Namespace
-	annotations[annotationSandboxUID] = p.UID
+	annotations[criann.ContainerType] = criann.ContainerTypeSandbox
+	annotations[criann.SandboxID] = p.ID
+	annotations[criann.SandboxName] = p.Name
+	annotations[criann.SandboxNamespace] = p.Namespace
+	annotations[criann.SandboxUID] = p.UID
 	oom := int(o.GetOomScoreAdj())
 	shares := uint64(2)
 	return &specs.Spec{

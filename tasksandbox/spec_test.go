@@ -12,6 +12,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/proto"
 
+	criann "github.com/crisp-runtime/crisp/api/annotations"
 	options "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/config"
 )
@@ -93,7 +94,7 @@ func nsTypes(s *specs.Spec) map[specs.LinuxNamespaceType]string {
 
 func TestPauseSpec(t *testing.T) {
 	base := PauseBundle{ID: "p1", Name: "web", Namespace: "default", UID: "u1", NetNS: "/run/crisp/netns/p1",
-		Binary: "/usr/bin/shim-runc", CgroupsPath: "/kubepods/pod1/crisp-p1", Annotations: map[string]string{"a": "b", annotationSandboxID: "forged"}}
+		Binary: "/usr/bin/shim-runc", CgroupsPath: "/kubepods/pod1/crisp-p1", Annotations: map[string]string{"a": "b", criann.SandboxID: "forged"}}
 	t.Run("pod namespaces", func(t *testing.T) {
 		p := base
 		p.Options = &options.SandboxOptions{Hostname: "web", Sysctls: map[string]string{"net.ipv4.ip_unprivileged_port_start": "0"}, OomScoreAdj: -998}
@@ -115,7 +116,7 @@ func TestPauseSpec(t *testing.T) {
 			t.Errorf("the shim binary must be the read-only rootfs's only file: mounts %+v root %+v", s.Mounts, s.Root)
 		}
 		a := s.Annotations
-		if a[annotationContainerType] != "sandbox" || a[annotationSandboxID] != "p1" || a[annotationSandboxName] != "web" || a["a"] != "b" {
+		if a[criann.ContainerType] != "sandbox" || a[criann.SandboxID] != "p1" || a[criann.SandboxName] != "web" || a["a"] != "b" {
 			t.Errorf("annotations %v: containerd's, set over the pod's", a)
 		}
 	})

@@ -8,6 +8,8 @@ import (
 
 	"github.com/opencontainers/runtime-spec/specs-go"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	criann "github.com/crisp-runtime/crisp/api/annotations"
 )
 
 func TestDevices(t *testing.T) {
@@ -476,21 +478,21 @@ func TestSysctls(t *testing.T) {
 func TestAnnotations(t *testing.T) {
 	setHost(t, defaultHost())
 	in := baseInput(t)
-	in.Config.Annotations = map[string]string{"a": "b", AnnotationSandboxID: "forged"}
+	in.Config.Annotations = map[string]string{"a": "b", criann.SandboxID: "forged"}
 	equal(t, "annotations", mustGenerate(t, in).Spec.Annotations, map[string]string{
-		"a":                        "b",
-		AnnotationContainerType:    "container",
-		AnnotationSandboxID:        "p1",
-		AnnotationSandboxName:      "pod",
-		AnnotationSandboxNamespace: "default",
-		AnnotationSandboxUID:       "uid-1",
-		AnnotationContainerName:    "app",
-		AnnotationImageName:        "busybox",
+		"a":                     "b",
+		criann.ContainerType:    "container",
+		criann.SandboxID:        "p1",
+		criann.SandboxName:      "pod",
+		criann.SandboxNamespace: "default",
+		criann.SandboxUID:       "uid-1",
+		criann.ContainerName:    "app",
+		criann.ImageName:        "busybox",
 	})
 	in.ImageName = "docker.io/library/busybox:latest"
-	equal(t, "image name", mustGenerate(t, in).Spec.Annotations[AnnotationImageName], in.ImageName)
+	equal(t, "image name", mustGenerate(t, in).Spec.Annotations[criann.ImageName], in.ImageName)
 	in.SandboxID = ""
-	if v, ok := mustGenerate(t, in).Spec.Annotations[AnnotationSandboxID]; ok {
+	if v, ok := mustGenerate(t, in).Spec.Annotations[criann.SandboxID]; ok {
 		t.Errorf("sandbox-id annotation %q without a sandbox id", v)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"slices"
 
+	criann "github.com/crisp-runtime/crisp/api/annotations"
+
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"github.com/opencontainers/runtime-spec/specs-go"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -14,20 +16,6 @@ import (
 // RootfsPath is the rootfs directory relative to the bundle: the caller mounts the
 // container's rootfs at <bundle>/rootfs.
 const RootfsPath = "rootfs"
-
-// The annotations containerd's CRI plugin puts on every container spec; tools that
-// look at OCI bundles (NRI plugins, runtime hooks, monitoring) know them.
-const (
-	AnnotationContainerType    = "io.kubernetes.cri.container-type"
-	AnnotationSandboxID        = "io.kubernetes.cri.sandbox-id"
-	AnnotationSandboxName      = "io.kubernetes.cri.sandbox-name"
-	AnnotationSandboxNamespace = "io.kubernetes.cri.sandbox-namespace"
-	AnnotationSandboxUID       = "io.kubernetes.cri.sandbox-uid"
-	AnnotationContainerName    = "io.kubernetes.cri.container-name"
-	AnnotationImageName        = "io.kubernetes.cri.image-name"
-	// ContainerTypeContainer is AnnotationContainerType's value for a container.
-	ContainerTypeContainer = "container"
-)
 
 // idRE is the container id format crisp accepts (it ends up in cgroup names).
 var idRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
@@ -316,15 +304,15 @@ func annotations(in Input) map[string]string {
 		image = in.Config.GetImage().GetImage()
 	}
 	md := in.Pod.GetMetadata()
-	a[AnnotationContainerType] = ContainerTypeContainer
-	delete(a, AnnotationSandboxID) // never the request's own
+	a[criann.ContainerType] = criann.ContainerTypeContainer
+	delete(a, criann.SandboxID) // never the request's own
 	if in.SandboxID != "" {
-		a[AnnotationSandboxID] = in.SandboxID
+		a[criann.SandboxID] = in.SandboxID
 	}
-	a[AnnotationSandboxName] = md.GetName()
-	a[AnnotationSandboxNamespace] = md.GetNamespace()
-	a[AnnotationSandboxUID] = md.GetUid()
-	a[AnnotationContainerName] = in.Config.GetMetadata().GetName()
-	a[AnnotationImageName] = image
+	a[criann.SandboxName] = md.GetName()
+	a[criann.SandboxNamespace] = md.GetNamespace()
+	a[criann.SandboxUID] = md.GetUid()
+	a[criann.ContainerName] = in.Config.GetMetadata().GetName()
+	a[criann.ImageName] = image
 	return a
 }

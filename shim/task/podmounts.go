@@ -9,15 +9,9 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/crisp-runtime/crisp/api/annotations"
 	"github.com/crisp-runtime/crisp/atomicfile"
 	"github.com/crisp-runtime/crisp/podfiles"
-)
-
-// Annotations containerd's CRI gives every container spec (pkg/cri/annotations).
-const (
-	annotationContainerType = "io.kubernetes.cri.container-type"
-	annotationSandboxID     = "io.kubernetes.cri.sandbox-id"
-	containerTypeContainer  = "container"
 )
 
 // Container paths of the pod's files.
@@ -52,7 +46,7 @@ func addPodMounts(bundle, sandboxID string, files podfiles.Paths) (bool, error) 
 	if err := json.Unmarshal(data, &raw); err != nil {
 		return false, fmt.Errorf("parse %s: %w", path, err)
 	}
-	if spec.Annotations[annotationContainerType] != containerTypeContainer || spec.Annotations[annotationSandboxID] != sandboxID {
+	if spec.Annotations[annotations.ContainerType] != annotations.ContainerTypeContainer || spec.Annotations[annotations.SandboxID] != sandboxID {
 		return false, nil
 	}
 	var mounts []json.RawMessage

@@ -9,12 +9,13 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/crisp-runtime/crisp/api/annotations"
 	"github.com/crisp-runtime/crisp/podfiles"
 )
 
 func TestAddPodMounts(t *testing.T) {
 	files := podfiles.In("/run/b/pod", true)
-	ann := map[string]string{annotationContainerType: containerTypeContainer, annotationSandboxID: "pod1"}
+	ann := map[string]string{annotations.ContainerType: annotations.ContainerTypeContainer, annotations.SandboxID: "pod1"}
 	defShm := specs.Mount{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}}
 	proc := specs.Mount{Destination: "/proc", Type: "proc", Source: "proc"}
 	podIPC := &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.IPCNamespace, Path: "/proc/1/ns/ipc"}}}
@@ -55,12 +56,12 @@ func TestAddPodMounts(t *testing.T) {
 			bind("/etc/hostname", files.Hostname, "rw"), bind("/etc/hosts", files.Hosts, "rw"), bind("/etc/resolv.conf", files.Resolv, "rw")},
 	}, {
 		name:      "a container of another sandbox",
-		spec:      specs.Spec{Annotations: map[string]string{annotationContainerType: containerTypeContainer, annotationSandboxID: "pod2"}, Root: &specs.Root{Path: "rootfs"}, Linux: podIPC, Mounts: []specs.Mount{proc, defShm}},
+		spec:      specs.Spec{Annotations: map[string]string{annotations.ContainerType: annotations.ContainerTypeContainer, annotations.SandboxID: "pod2"}, Root: &specs.Root{Path: "rootfs"}, Linux: podIPC, Mounts: []specs.Mount{proc, defShm}},
 		files:     files,
 		unchanged: true,
 	}, {
 		name:      "the sandbox container",
-		spec:      specs.Spec{Annotations: map[string]string{annotationContainerType: "sandbox", annotationSandboxID: "pod1"}, Root: &specs.Root{Path: "rootfs"}, Linux: podIPC, Mounts: []specs.Mount{proc, defShm}},
+		spec:      specs.Spec{Annotations: map[string]string{annotations.ContainerType: "sandbox", annotations.SandboxID: "pod1"}, Root: &specs.Root{Path: "rootfs"}, Linux: podIPC, Mounts: []specs.Mount{proc, defShm}},
 		files:     files,
 		unchanged: true,
 	}, {
