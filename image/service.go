@@ -272,11 +272,12 @@ func (s *Service) pull(ctx context.Context, named reference.Named, auth *remote.
 	defer s.gcMu.RUnlock()
 
 	start := time.Now()
-	fetched, err := s.puller.Pull(ctx, name, auth)
+	fetched, err := s.puller.PullLayers(ctx, name, auth, func(layers []remote.Layer) remote.LayerFunc {
+		return s.newLayerPull(name, layers).layer
+	})
 	if err != nil {
 		return nil, 0, err
 	}
-	downloaded := time.Since(start)
 	cfgBytes, err := s.content.ReadAll(fetched.ConfigDigest, maxConfigSize)
 	if errdefs.IsOutOfRange(err) {
 		// The puller refuses such a config before downloading it; this is the backstop.
@@ -285,23 +286,11 @@ func (s *Service) pull(ctx context.Context, named reference.Named, auth *remote.
 	if err != nil {
 		return nil, 0, fmt.Errorf("pull %s: read config: %w", name, err)
 	}
-	var spec ocispec.Image
-	if err := json.Unmarshal(cfgBytes, &spec); err != nil {
-		return nil, 0, fmt.Errorf("pull %s: decode image config %s: %v: %w", name, fetched.ConfigDigest, err, errdefs.ErrInvalidArgument)
-	}
-	if len(spec.RootFS.DiffIDs) != len(fetched.Layers) {
-		return nil, 0, fmt.Errorf("pull %s: config lists %d layers, manifest %d: %w", name, len(spec.RootFS.DiffIDs), len(fetched.Layers), errdefs.ErrInvalidArgument)
-	}
-	chain := chainIDs(spec.RootFS.DiffIDs)
+	diffIDs := make([]digest.Digest, len(fetched.Layers))
 	for i, l := range fetched.Layers {
-		var parent digest.Digest
-		if i > 0 {
-			parent = chain[i-1]
-		}
-		if err := s.unpack(ctx, name, l, spec.RootFS.DiffIDs[i], chain[i], parent); err != nil {
-			return nil, 0, err
-		}
+		diffIDs[i] = l.DiffID
 	}
+	chain := chainIDs(diffIDs)
 	size := int64(len(cfgBytes))
 	for _, l := range fetched.Layers {
 		size += l.Size
@@ -330,56 +319,144 @@ func (s *Service) pull(ctx context.Context, named reference.Named, auth *remote.
 	if err != nil {
 		return nil, 0, fmt.Errorf("pull %s: %w", name, err)
 	}
-	s.log.Info("image pulled", "ref", name, "id", img.ID, "size", size, "download", downloaded, "total", time.Since(start))
+	s.log.Info("image pulled", "ref", name, "id", img.ID, "size", size, "downloaded_bytes", fetched.Downloaded, "layers", len(fetched.Layers), "total", time.Since(start))
 	return out, fetched.Downloaded, nil
 }
 
-// unpack applies one layer as snapshot chainID, verifying that its uncompressed
-// content is the diff ID the config promises. Faults of the layer (an entry refused,
-// corrupt compressed data, a truncated tar, the wrong diff ID) are errors wrapping
-// errdefs.ErrInvalidArgument that name the image and the layer's digest: the blob was
-// verified against the manifest when stored, so it is what the image holds.
-func (s *Service) unpack(ctx context.Context, name string, l remote.Layer, diffID, chainID, parent digest.Digest) (retErr error) {
-	if _, err := s.snaps.Stat(chainID); err == nil {
-		return nil
+// layerPull unpacks the layers of one pull (one endpoint's try) while they download:
+// every layer downloads and unpacks at once, and each is committed as a snapshot only
+// once the layer below it is, since its checks and the attributes of the directories
+// it does not carry depend on the layers below.
+type layerPull struct {
+	s      *Service
+	name   string
+	chain  []digest.Digest
+	done   []chan struct{} // closed when layer i is committed or has failed
+	errs   []error         // layer i's result, set before done[i] is closed
+}
+
+func (s *Service) newLayerPull(name string, layers []remote.Layer) *layerPull {
+	diffIDs := make([]digest.Digest, len(layers))
+	for i, l := range layers {
+		diffIDs[i] = l.DiffID
 	}
+	lp := &layerPull{s: s, name: name, chain: chainIDs(diffIDs),
+		done: make([]chan struct{}, len(layers)), errs: make([]error, len(layers))}
+	for i := range lp.done {
+		lp.done[i] = make(chan struct{})
+	}
+	return lp
+}
+
+// layer is the remote.LayerFunc of layer i. A layer whose snapshot exists needs its
+// blob only. Otherwise the pull claims the snapshot (a concurrent pull sharing the
+// layer waits for the claim, and finds the snapshot when it ends, so a layer is
+// downloaded and unpacked once), unpacks the blob as it downloads (from the store if
+// it is there already or another pull downloaded it), and commits it on the layer
+// below.
+func (lp *layerPull) layer(ctx context.Context, i int, l remote.Layer, fetch remote.FetchFunc) (err error) {
+	defer func() {
+		lp.errs[i] = err
+		close(lp.done[i])
+	}()
+	claim, _, err := lp.s.snaps.Claim(ctx, lp.chain[i])
+	if err != nil {
+		return fmt.Errorf("pull %s: layer %s: %w", lp.name, l.Digest, err)
+	}
+	if claim == nil {
+		_, err := fetch(ctx, nil)
+		return err
+	}
+	defer claim.Release()
+	var pending *snapshot.Pending
+	streamed, err := fetch(ctx, func(r io.Reader) error {
+		var uerr error
+		pending, uerr = lp.s.unpackLayer(ctx, lp.name, l, r)
+		return uerr
+	})
+	if err != nil {
+		if pending != nil {
+			pending.Discard()
+		}
+		return err
+	}
+	if !streamed {
+		if pending, err = lp.s.unpackStored(ctx, lp.name, l); err != nil {
+			return err
+		}
+	}
+	var parent digest.Digest
+	if i > 0 {
+		parent = lp.chain[i-1]
+		select {
+		case <-lp.done[i-1]:
+		case <-ctx.Done():
+			pending.Discard()
+			return ctx.Err()
+		}
+		if lp.errs[i-1] != nil {
+			// The pull fails with the lower layer's error; this one is only its echo.
+			pending.Discard()
+			return fmt.Errorf("pull %s: layer %s: the layer below failed", lp.name, l.Digest)
+		}
+	}
+	if _, err := lp.s.snaps.Commit(ctx, claim, pending, parent); err != nil {
+		return fmt.Errorf("pull %s: %w", lp.name, err)
+	}
+	return nil
+}
+
+// unpackStored unpacks layer l from its blob in the content store.
+func (s *Service) unpackStored(ctx context.Context, name string, l remote.Layer) (*snapshot.Pending, error) {
 	blob, err := s.content.Open(l.Digest)
 	if err != nil {
-		return fmt.Errorf("pull %s: open layer %s: %w", name, l.Digest, err)
+		return nil, fmt.Errorf("pull %s: open layer %s: %w", name, l.Digest, err)
 	}
 	defer blob.Close()
-	raw, err := decompress(blob)
+	return s.unpackLayer(ctx, name, l, blob)
+}
+
+// unpackLayer unpacks the blob of layer l, read from r to its end, into a pending
+// snapshot, verifying that its uncompressed content is the diff ID the config
+// promises. Faults of the layer (an entry refused, corrupt compressed data, a truncated
+// tar, the wrong diff ID) are errors wrapping errdefs.ErrInvalidArgument that name the
+// image and the layer's digest; errors of r (the download's: a lost connection, a
+// digest mismatch) are returned as they are.
+func (s *Service) unpackLayer(ctx context.Context, name string, l remote.Layer, r io.Reader) (_ *snapshot.Pending, retErr error) {
+	raw, err := decompress(r)
 	if err != nil {
-		return fmt.Errorf("pull %s: layer %s: %w", name, l.Digest, err)
+		return nil, fmt.Errorf("pull %s: layer %s: %w", name, l.Digest, err)
 	}
 	defer raw.Close()
-	verifier := diffID.Algorithm().Digester()
+	verifier := l.DiffID.Algorithm().Digester()
 	// The uncompressed size is known only once it is written: the reserve is checked
 	// as the tar stream is read, which is as it is written out.
 	guarded := s.reserve.Reader(raw, "")
 	tee := io.TeeReader(guarded, verifier.Hash())
-	// Apply's error names the layer ("unpack layer sha256:…: refused entry …").
-	if _, err := s.snaps.Apply(ctx, chainID, parent, l.Digest.String(), tee); err != nil {
-		return fmt.Errorf("pull %s: %w", name, err)
+	// Unpack's error names the layer ("unpack layer sha256:…: refused entry …").
+	pending, err := s.snaps.Unpack(ctx, l.Digest.String(), tee)
+	if err != nil {
+		return nil, fmt.Errorf("pull %s: %w", name, err)
 	}
 	defer func() {
 		if retErr != nil {
-			if err := s.snaps.Remove(chainID); err != nil {
-				s.log.Warn("remove snapshot of a bad layer", "chain_id", chainID, "err", err)
+			if err := pending.Discard(); err != nil {
+				s.log.Warn("remove the unpack of a bad layer", "layer", l.Digest, "err", err)
 			}
 		}
 	}()
-	// The tar end marker may come before the end of the stream: hash the rest too.
+	// The tar end marker may come before the end of the stream: hash the rest too. For
+	// a download this also waits for the blob's own digest to be checked.
 	if _, err := io.Copy(io.Discard, tee); err != nil {
-		return fmt.Errorf("pull %s: layer %s: %w", name, l.Digest, err)
+		return nil, fmt.Errorf("pull %s: layer %s: %w", name, l.Digest, err)
 	}
-	// The blob matched the manifest's digest when it was stored, so a different diff ID
-	// is the image's own contradiction (a broken build tool), not data lost on the way:
-	// InvalidArgument, like every other fault of the image.
-	if got := verifier.Digest(); got != diffID {
-		return fmt.Errorf("pull %s: layer %s uncompresses to %s, but the image config says %s: the image is inconsistent: %w", name, l.Digest, got, diffID, errdefs.ErrInvalidArgument)
+	// The blob matched the manifest's digest, so a different diff ID is the image's own
+	// contradiction (a broken build tool), not data lost on the way: InvalidArgument,
+	// like every other fault of the image.
+	if got := verifier.Digest(); got != l.DiffID {
+		return nil, fmt.Errorf("pull %s: layer %s uncompresses to %s, but the image config says %s: the image is inconsistent: %w", name, l.Digest, got, l.DiffID, errdefs.ErrInvalidArgument)
 	}
-	return nil
+	return pending, nil
 }
 
 // chainIDs computes the OCI chain ID of every layer from the diff IDs.

@@ -352,6 +352,7 @@ func TestBadBlobsLeaveNothing(t *testing.T) {
 			if len(entries) != 0 {
 				t.Fatalf("ingest files left: %d", len(entries))
 			}
+			noUnpackLeft(t, f)
 		})
 	}
 	good := imagetest.StartRegistry(t)
@@ -517,6 +518,7 @@ func TestPullRefusesMaliciousLayers(t *testing.T) {
 			if len(f.svc.List()) != 0 {
 				t.Fatalf("image recorded")
 			}
+			noUnpackLeft(t, f)
 		})
 	}
 	// The good lower layer may stay as a snapshot for a later pull; GC of a removal
@@ -675,6 +677,7 @@ func TestPullDeadlineLeavesNothing(t *testing.T) {
 	if _, err := f.svc.snaps.Stat(digest.Digest(diffID.String())); err == nil {
 		t.Error("a snapshot of the layer exists after the failed pull")
 	}
+	noUnpackLeft(t, f)
 
 	stall.Release()
 	got, err := f.svc.Pull(context.Background(), host+"/slow:v1", nil)

@@ -186,6 +186,36 @@ func (p *Puller) endpoints(domain string) []endpoint {
 // ServerAddress (or the reference's registry when ServerAddress is empty). Mirrors are
 // tried first; any failure on one moves on to the next endpoint.
 func (p *Puller) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error) {
+	return p.PullLayers(ctx, ref, auth, nil)
+}
+
+// Unpacker is given the layers of a pull (bottom first) once its config is checked,
+// and returns the function the pull runs for each of them. It is called once for each
+// endpoint the pull tries, so that per-pull state starts afresh on a mirror's failure.
+type Unpacker func(layers []Layer) LayerFunc
+
+// LayerFunc handles layer i of a pull. The pull calls it for every layer at
+// once, each in its own goroutine, after the manifest and config are stored; fetch gets
+// the layer's blob into the content store, at most MaxConcurrentDownloads at a time
+// for the pull. The pull fails with the first error a LayerFunc returns, and the
+// context of the others is then cancelled.
+type LayerFunc func(ctx context.Context, i int, l Layer, fetch FetchFunc) error
+
+// FetchFunc makes sure a layer blob is in the content store. When it downloads the blob
+// and consume is not nil, consume gets the bytes as they arrive, in the same read of
+// the connection that stores them, and streamed is true: consume's reader ends with
+// io.EOF only once the whole blob is stored and verified against its digest, and with
+// the download's error otherwise, so a consumer that reads to the end has a verified
+// blob. consume's error fails the fetch; a consumer that stops reading early does not
+// stop the download (another pull may wait for the blob). When the blob is stored
+// already, or another pull downloads it, consume is not called: read the blob from the
+// content store.
+type FetchFunc func(ctx context.Context, consume func(io.Reader) error) (streamed bool, err error)
+
+// PullLayers is Pull with each layer handed to the LayerFunc of unpacker instead of
+// just stored (nil: just stored), so that a caller can unpack layers while they
+// download.
+func (p *Puller) PullLayers(ctx context.Context, ref string, auth *Auth, unpacker Unpacker) (*Image, error) {
 	start := time.Now()
 	named, err := Normalize(ref)
 	if err != nil {
@@ -201,7 +231,7 @@ func (p *Puller) Pull(ctx context.Context, ref string, auth *Auth) (*Image, erro
 	var mirrorErrs []string
 	for i, ep := range eps {
 		var stats pullStats
-		img, err := p.pullFrom(ctx, named, ep, auth, &stats)
+		img, err := p.pullFrom(ctx, named, ep, auth, &stats, unpacker)
 		if err == nil {
 			img.Name = name
 			img.Downloaded = stats.bytes.Load()
@@ -245,7 +275,7 @@ type source struct {
 }
 
 // pullFrom pulls named from one endpoint.
-func (p *Puller) pullFrom(ctx context.Context, named reference.Named, ep endpoint, auth *Auth, stats *pullStats) (*Image, error) {
+func (p *Puller) pullFrom(ctx context.Context, named reference.Named, ep endpoint, auth *Auth, stats *pullStats, unpacker Unpacker) (*Image, error) {
 	domain := reference.Domain(named)
 	path := reference.Path(named)
 	if ep.prefix != "" {
@@ -371,20 +401,61 @@ func (p *Puller) pullFrom(ctx context.Context, named reference.Named, ep endpoin
 	if err := p.checkSpace(m.Layers); err != nil {
 		return nil, err
 	}
+	var layerFn LayerFunc
+	if unpacker != nil {
+		layerFn = unpacker(img.Layers)
+	} else {
+		layerFn = func(ctx context.Context, _ int, _ Layer, fetch FetchFunc) error {
+			_, err := fetch(ctx, nil)
+			return err
+		}
+	}
+	// Every layer gets its goroutine at once, so that a LayerFunc waiting for a lower
+	// layer holds no download slot; the slots bound the downloads themselves.
+	slots := make(chan struct{}, p.maxDownloads)
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(p.maxDownloads)
-	for _, l := range m.Layers {
-		g.Go(func() error {
-			if err := p.fetch(gctx, src, l, stats); err != nil {
-				return fmt.Errorf("fetch layer %s: %w", l.Digest, err)
+	for i, l := range img.Layers {
+		desc := m.Layers[i]
+		fetch := func(ctx context.Context, consume func(io.Reader) error) (bool, error) {
+			streamed, err := p.fetchLayer(ctx, src, desc, stats, slots, consume)
+			if err != nil {
+				return streamed, fmt.Errorf("fetch layer %s: %w", desc.Digest, err)
 			}
-			return nil
-		})
+			return streamed, nil
+		}
+		g.Go(func() error { return layerFn(gctx, i, l, fetch) })
 	}
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
 	return img, nil
+}
+
+// fetchLayer is a layer's FetchFunc: fetch in one of the pull's download slots, with
+// consume fed as the blob downloads when this pull is the one downloading it.
+func (p *Puller) fetchLayer(ctx context.Context, src *source, desc ocispec.Descriptor, stats *pullStats, slots chan struct{}, consume func(io.Reader) error) (streamed bool, err error) {
+	if p.cs.Has(desc.Digest) {
+		return false, nil
+	}
+	select {
+	case slots <- struct{}{}:
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+	defer func() { <-slots }()
+	var tee *teeConsumer
+	if consume != nil {
+		tee = startConsumer(consume)
+	}
+	err = p.fetchWith(ctx, src, desc, stats, tee)
+	if tee == nil {
+		return false, err
+	}
+	streamed, cerr := tee.finish(err)
+	if err == nil && cerr != nil {
+		err = cerr
+	}
+	return streamed, err
 }
 
 // checkSpace refuses, before anything large is downloaded, layers whose blobs would
@@ -497,6 +568,12 @@ func isIndex(mediaType string) bool {
 // download). If the shared download fails (it may come from another registry, with
 // other credentials) this pull tries once with its own source.
 func (p *Puller) fetch(ctx context.Context, src *source, desc ocispec.Descriptor, stats *pullStats) error {
+	return p.fetchWith(ctx, src, desc, stats, nil)
+}
+
+// fetchWith is fetch with the bytes also fed to tee when this call's flight downloads
+// them.
+func (p *Puller) fetchWith(ctx context.Context, src *source, desc ocispec.Descriptor, stats *pullStats, tee *teeConsumer) error {
 	if p.cs.Has(desc.Digest) {
 		return nil
 	}
@@ -505,7 +582,7 @@ func (p *Puller) fetch(ctx context.Context, src *source, desc ocispec.Descriptor
 			if p.cs.Has(desc.Digest) {
 				return nil // finished by a flight that ended just before this one began
 			}
-			return p.download(fctx, src, desc, stats)
+			return p.download(fctx, src, desc, stats, tee)
 		})
 		if err == nil || !shared || attempt > 0 || ctx.Err() != nil {
 			return err
@@ -515,7 +592,7 @@ func (p *Puller) fetch(ctx context.Context, src *source, desc ocispec.Descriptor
 }
 
 // download streams one blob from src into the content store, which verifies it.
-func (p *Puller) download(ctx context.Context, src *source, desc ocispec.Descriptor, stats *pullStats) error {
+func (p *Puller) download(ctx context.Context, src *source, desc ocispec.Descriptor, stats *pullStats, tee *teeConsumer) error {
 	start := time.Now()
 	u := url.URL{
 		Scheme: src.repo.Scheme(),
@@ -539,6 +616,9 @@ func (p *Puller) download(ctx context.Context, src *source, desc ocispec.Descrip
 			src.ep.display, resp.ContentLength, desc.Size, errdefs.ErrFailedPrecondition)
 	}
 	body := p.reserve.Reader(&connReader{r: resp.Body, ep: src.ep, ctx: ctx}, "")
+	if tee != nil {
+		body = tee.reader(body)
+	}
 	if err := p.cs.Write(ctx, desc.Digest, desc.Size, body); err != nil {
 		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 			return ctx.Err()
