@@ -40,10 +40,11 @@
 //     and other work weigh on all three alike (three daemons rather than one
 //     restarted per config: a restart puts minutes between the variants' cycles).
 //     It reports pod cycle p50/p99 and pod start p50 of each, their difference from
-//     the disabled crisp's, and the noise: the disabled crisp's same figures
-//     between its even and its odd rounds (conservative: each half has half the
-//     cycles). At 50 cycles p99 is the slowest cycle and its noise is large; use
-//     -cycles 200 for a p99 worth reading. The run fails if the plugin answered
+//     the disabled crisp's with its 95 % bootstrap interval (1000 resamplings of the
+//     rounds, a round's cycles kept together; a fixed seed), and the noise: the
+//     disabled crisp's same figures between its even and its odd rounds. At 50
+//     cycles p99 is the slowest cycle and its noise is large; use -cycles 200 for a
+//     p99 worth reading. The run fails if the plugin answered
 //     fewer than 9 events a timed cycle (it answers 10).
 //
 // The pod start breakdown is crisp's alone: criserver serves its Prometheus metrics

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"sync"
 	"text/tabwriter"
 	"time"
@@ -33,11 +34,14 @@ var nriFigures = []struct {
 }
 
 // NRIResults stores the NRI comparison in res: the cycles each variant ran (runs[i]
-// is NRIVariants[i]'s, all interleaved), each variant's figures, and their noise:
-// how far apart the disabled crisp's figures are between its even and its odd
-// rounds. That is two halves of the same runtime on the same machine, so a variant's
-// difference from the disabled one within it is no difference; it is conservative,
-// since each half has half the cycles a variant has.
+// is NRIVariants[i]'s, all interleaved: runs[i][r] ran in round r), each variant's
+// figures, and two measures of noise. One is how far apart the disabled crisp's
+// figures are between its even and its odd rounds: two halves of the same runtime on
+// the same machine, so a variant's difference from the disabled one within it is no
+// difference (conservative, since each half has half the cycles, but one draw, so
+// itself noisy). The other is, for each difference, its 95 % bootstrap interval:
+// the 2.5th and 97.5th percentiles of the difference over resamplings of the rounds
+// (a round's cycles stay together, since they ran side by side).
 func NRIResults(res Results, runs [][]CycleTimes) error {
 	if len(runs) != len(NRIVariants) {
 		return fmt.Errorf("NRI comparison: %d runs for %d variants", len(runs), len(NRIVariants))
@@ -57,13 +61,38 @@ func NRIResults(res Results, runs [][]CycleTimes) error {
 		}
 	}
 	res["nri_cycles"] = float64(len(runs[0]))
+	// A fixed seed: the same cycles give the same report.
+	rng := rand.New(rand.NewPCG(24, 24))
 	for _, f := range nriFigures {
 		for i, v := range NRIVariants {
 			res.Ms("nri_"+v.Key+"_"+f.Key, f.Of(runs[i]))
+			if i > 0 {
+				lo, hi := deltaCI(runs[0], runs[i], f.Of, rng)
+				res.Ms("nri_"+v.Key+"_"+f.Key+"_lo", lo)
+				res.Ms("nri_"+v.Key+"_"+f.Key+"_hi", hi)
+			}
 		}
 		res.Ms("nri_noise_"+f.Key, (f.Of(even) - f.Of(odd)).Abs())
 	}
 	return nil
+}
+
+// bootstraps is how many resamplings deltaCI makes.
+const bootstraps = 1000
+
+// deltaCI is the 95 % interval of of(v) − of(off) over resamplings (with
+// replacement) of the rounds, off[r] and v[r] having run in the same round r.
+func deltaCI(off, v []CycleTimes, of func([]CycleTimes) time.Duration, rng *rand.Rand) (lo, hi time.Duration) {
+	ds := make([]time.Duration, bootstraps)
+	a, b := make([]CycleTimes, len(off)), make([]CycleTimes, len(off))
+	for k := range ds {
+		for j := range a {
+			r := rng.IntN(len(off))
+			a[j], b[j] = off[r], v[r]
+		}
+		ds[k] = of(b) - of(a)
+	}
+	return Percentile(ds, 2.5), Percentile(ds, 97.5)
 }
 
 // WriteNRITable prints the NRI comparison NRIResults stored in res, each variant's
@@ -74,28 +103,29 @@ func WriteNRITable(w io.Writer, res Results) error {
 	if !ok {
 		return nil
 	}
-	fmt.Fprintf(w, "NRI cost: crisp three ways, %.0f pod cycles each, interleaved (ms; Δ against NRI disabled)\n", n)
+	fmt.Fprintf(w, "NRI cost: crisp three ways, %.0f pod cycles each, interleaved (ms; Δ against NRI disabled, with its 95 %% bootstrap interval)\n", n)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprint(tw, "\t")
 	for _, f := range nriFigures {
-		fmt.Fprintf(tw, "%s\tΔ\t", f.Name)
+		fmt.Fprintf(tw, "%s\tΔ\t95%% interval\t", f.Name)
 	}
 	fmt.Fprintln(tw)
 	for i, v := range NRIVariants {
 		fmt.Fprintf(tw, "%s\t", v.Name)
 		for _, f := range nriFigures {
-			val := res["nri_"+v.Key+"_"+f.Key]
-			delta := "-"
+			key := "nri_" + v.Key + "_" + f.Key
+			delta, interval := "-", "-"
 			if i > 0 {
-				delta = signed(val - res["nri_off_"+f.Key])
+				delta = signed(res[key] - res["nri_off_"+f.Key])
+				interval = signed(res[key+"_lo"]) + ".." + signed(res[key+"_hi"])
 			}
-			fmt.Fprintf(tw, "%s\t%s\t", num(res, "nri_"+v.Key+"_"+f.Key, "ms"), delta)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t", num(res, key, "ms"), delta, interval)
 		}
 		fmt.Fprintln(tw)
 	}
 	fmt.Fprint(tw, "noise: disabled, even vs odd rounds\t")
 	for _, f := range nriFigures {
-		fmt.Fprintf(tw, "\t±%s\t", num(res, "nri_noise_"+f.Key, "ms"))
+		fmt.Fprintf(tw, "\t±%s\t\t", num(res, "nri_noise_"+f.Key, "ms"))
 	}
 	fmt.Fprintln(tw)
 	if err := tw.Flush(); err != nil {
