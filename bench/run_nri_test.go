@@ -95,7 +95,9 @@ func runNRICost(ctx context.Context, t *testing.T, root string, tmpl Spec, busyb
 			runs[i] = append(runs[i], c)
 		}
 	}
-	events := len(plugin.Events()) - before
+	all := plugin.Events()
+	events := len(all) - before
+	t.Logf("the no-op plugin answered %d events in %d cycles, the last cycle's: %v", events, *cycles, all[max(before, len(all)-events/max(*cycles, 1)):])
 	// RunPodSandbox, CreateContainer, PostCreateContainer, StartContainer,
 	// PostStartContainer, StopContainer, StopPodSandbox, RemoveContainer,
 	// RemovePodSandbox: fewer than these and the plugin was not in the cycle measured.
