@@ -88,7 +88,7 @@ func TestConcurrentUnpack(t *testing.T) {
 		{
 			name: "implicit dir removed and made again",
 			layers: [][]entry{
-				{owned(dirE("a/", 0o700), 4, 4), owned(dirE("a/b/", 0o711), 5, 5)},
+				{xattr(owned(dirE("a/", 0o700), 4, 4), "user.lower", "a"), owned(dirE("a/b/", 0o711), 5, 5)},
 				{
 					fileE("a/b/f", "f", 0o644), fileE("a", "now a file", 0o644),
 					dirE("a/", 0o750), fileE("a/b/g", "g", 0o644),
