@@ -94,6 +94,9 @@ type Pending struct {
 func (s *Snapshotter) Unpack(ctx context.Context, layerName string, r io.Reader) (_ *Pending, retErr error) {
 	// A full filesystem is ResourceExhausted; the partial layer is removed below.
 	defer func() { retErr = diskspace.Classify(retErr, s.root) }()
+	if layerName == "" {
+		layerName = "(unnamed)"
+	}
 	tmp, err := os.MkdirTemp(s.root, tmpPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("unpack layer %s: %w", layerName, err)
