@@ -164,7 +164,8 @@ chaos: deps
 # both runtimes get their own dirs under /run/crisp-bench, the same images from a
 # registry inside the benchmark, the same CNI plugins and the same CRI requests.
 # BENCHFLAGS passes flags, e.g. BENCHFLAGS='-cycles 20 -churn 20s -only crisp';
-# '-density 110' for node density, '-soak' for the soak (see bench/doc.go).
+# '-density 110' for node density, '-soak' for the soak, '-only nri' for NRI's cost
+# alone (see bench/doc.go).
 BENCH_DEPS := containerd runc $(DEPS)
 bench: build
 	@if ! dpkg -s $(BENCH_DEPS) >/dev/null 2>&1; then \

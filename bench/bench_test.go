@@ -27,7 +27,7 @@ var (
 	resultsDir = flag.String("results", "bench/results", "directory the JSON report is written to")
 	cycles     = flag.Int("cycles", 50, "sequential pod cycles timed per runtime")
 	churnFor   = flag.Duration("churn", 60*time.Second, "how long the 10-client churn runs per runtime")
-	only       = flag.String("only", "", "run one runtime only (crisp or containerd)")
+	only       = flag.String("only", "", "run one runtime only (crisp or containerd), or only the NRI comparison (nri)")
 	hold       = flag.Duration("hold", 0, "keep the 20 memory pods this long after measuring them (to profile them by hand)")
 	metricsOn  = flag.Bool("crisp-metrics", true, "serve crisp's Prometheus metrics on a loopback port, for the pod start breakdown (-crisp-metrics=false measures crisp without)")
 	base       = flag.Bool("base", true, "run the base measurements: sequential cycles, churn, 20 pods' memory, exec, lists at 100 pods (-base=false for quick density or soak runs)")
@@ -39,6 +39,7 @@ var (
 	soakFirst  = flag.Int("soak-first", 100, "pod cycles after which the soak reads the daemon's memory first")
 	soakCycles = flag.Int("soak-cycles", 1000, "pod cycles of the soak (daemon memory after -soak-first vs after these)")
 	taskShim   = flag.String("task-shim", "/var/cache/crisp/containerd-v2.4.2/bin", "directory with containerd-shim-runc-v2 and runc: crisp runs -cycles pods on it as a task-only runtime handler, interleaved with its own shim's (empty: skip)")
+	nriCost    = flag.Bool("nri", true, "compare crisp with NRI disabled, enabled with no plugin and enabled with one no-op plugin: three crisps, -cycles pod cycles each, interleaved (~25 s at 50)")
 	instance   = flag.Int("instance", 0, "0-7: runs with different instances use their own root, lock, bridges, subnets and cgroup parents, so they can run at once")
 )
 
@@ -77,6 +78,12 @@ func TestBench(t *testing.T) {
 	if *instance < 0 || *instance > 7 {
 		t.Fatal("-instance must be 0-7")
 	}
+	switch *only {
+	case "", "crisp", "containerd", "nri":
+	default:
+		t.Fatalf("-only %q: want crisp, containerd or nri", *only)
+	}
+	runNRI := *nriCost || *only == "nri"
 	benchRoot := benchRoot(*instance)
 	// One run of an instance at a time: its runs share benchRoot, the bridges, the
 	// subnets and the cgroup parents, and each removes what it finds there.
@@ -106,11 +113,14 @@ func TestBench(t *testing.T) {
 	pause := host + "/pause:bench"
 	imagetest.Push(t, host, "pause:bench", imagetest.PauseImage(t))
 	// Three distinct ~50 MB images of 5 random (incompressible) layers per runtime, so
-	// every timed pull is a first pull.
+	// every timed pull is a first pull (pushed only for a run that pulls them: the NRI
+	// comparison alone does not).
 	var big []string
 	for i := range 6 {
-		imagetest.Push(t, host, fmt.Sprintf("big%d:bench", i), bigImage(t, uint64(i)))
 		big = append(big, fmt.Sprintf("%s/big%d:bench", host, i))
+		if *only != "nri" {
+			imagetest.Push(t, host, fmt.Sprintf("big%d:bench", i), bigImage(t, uint64(i)))
+		}
 	}
 
 	rep := &Report{Time: time.Now(), Runtimes: map[string]Results{}, Versions: map[string]string{}}
@@ -154,6 +164,24 @@ func TestBench(t *testing.T) {
 		}
 		if err != nil {
 			t.Errorf("%s: %v", r.name, err)
+		}
+	}
+
+	if runNRI && *only != "containerd" && ctx.Err() == nil {
+		res := rep.Runtimes["crisp"]
+		if res == nil {
+			res = Results{}
+		}
+		tmpl := Spec{Registry: host, PauseImage: pause, Bin: *binDir, Metrics: *metricsOn}
+		version, err := runNRICost(ctx, t, benchRoot, tmpl, busybox, res)
+		if _, ok := rep.Versions["crisp"]; !ok && version != "" {
+			rep.Versions["crisp"] = version
+		}
+		if len(res) > 0 {
+			rep.Runtimes["crisp"] = res
+		}
+		if err != nil {
+			t.Errorf("NRI comparison: %v", err)
 		}
 	}
 
@@ -527,13 +555,4 @@ func runTaskShim(ctx context.Context, t *testing.T, w *Workload, res Results) er
 		res.Ms(r.prefix+"cycle_p50", Percentile(pick(CycleTimes.Total), 50))
 	}
 	return nil
-}
-
-// pickTimes is one phase of each cycle.
-func pickTimes(cs []CycleTimes, f func(CycleTimes) time.Duration) []time.Duration {
-	out := make([]time.Duration, len(cs))
-	for i, c := range cs {
-		out[i] = f(c)
-	}
-	return out
 }

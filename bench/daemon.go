@@ -31,6 +31,8 @@ type Daemon struct {
 	Bridge       string
 	// MetricsURL is where crisp serves its Prometheus metrics; empty when it does not.
 	MetricsURL string
+	// NRISocket is where crisp's NRI plugins connect; empty with NRI off.
+	NRISocket string
 
 	cmd     *exec.Cmd
 	done    chan struct{}
@@ -64,6 +66,9 @@ type Spec struct {
 	// TaskShim and TaskRunc, when set, add containerd's runc shim (with that runc) to
 	// crisp as the task-only runtime handler TaskShimHandler.
 	TaskShim, TaskRunc string
+	// NRI turns crisp's NRI on, its socket and (empty) plugin directories under Dir:
+	// never the machine's /var/run/nri or /opt/nri/plugins.
+	NRI bool
 }
 
 // The runtime handlers of Spec.TaskShim: without and with a warm spare shim.
@@ -191,6 +196,11 @@ namespace = "k8s.io"
 		lis.Close()
 		cfg += fmt.Sprintf("[metrics]\naddress = %q\n", addr)
 		d.MetricsURL = "http://" + addr + "/metrics"
+	}
+	if s.NRI {
+		d.NRISocket = filepath.Join(s.Dir, "nri.sock")
+		cfg += fmt.Sprintf("[nri]\ndisable = false\nsocket_path = %q\nplugin_path = %q\nplugin_config_path = %q\n",
+			d.NRISocket, filepath.Join(s.Dir, "nri-plugins"), filepath.Join(s.Dir, "nri-conf"))
 	}
 	path := filepath.Join(s.Dir, "config.toml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {

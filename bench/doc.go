@@ -28,6 +28,24 @@
 //     -soak-first and after all. Every reading follows a 2 s settle, since crisp's
 //     shim returns freed memory a second after work. The growth rows the issue sets a
 //     target for have an absolute bound (≤ 5 %) rather than a ratio.
+//   - NRI cost (-nri, on by default: ~25 s; -only nri runs it alone): three crisps
+//     alive at once, identical but for NRI: disabled, enabled with no plugin, and
+//     enabled with one no-op plugin (NoopPlugin, built with NRI's pkg/stub, run in
+//     the bench process and connected to that crisp's own NRI socket under the
+//     bench's dir, never /var/run/nri) that subscribes to every event, including
+//     ValidateContainerAdjustment, and answers each without an adjustment. Each gets
+//     its own dir, socket, bridge, cgroup parent and a /18 of the crisp run's /16
+//     subnet (torn down by then). After 3 warm-up cycles each, -cycles pod cycles run
+//     on each, round by round, the order rotating each round, so the machine's drift
+//     and other work weigh on all three alike (three daemons rather than one
+//     restarted per config: a restart puts minutes between the variants' cycles).
+//     It reports pod cycle p50/p99 and pod start p50 of each, their difference from
+//     the disabled crisp's with its 95 % bootstrap interval (1000 resamplings of the
+//     rounds, a round's cycles kept together; a fixed seed), and the noise: the
+//     disabled crisp's same figures between its even and its odd rounds. At 50
+//     cycles p99 is the slowest cycle and its noise is large; use -cycles 200 for a
+//     p99 worth reading. The run fails if the plugin answered
+//     fewer than 9 events a timed cycle (it answers 10).
 //
 // The pod start breakdown is crisp's alone: criserver serves its Prometheus metrics
 // on a loopback port in every run (-crisp-metrics, on by default, since serving them
@@ -37,7 +55,8 @@
 // crisp_container_create_phase_duration_seconds. With -base=false it runs -cycles
 // sequential cycles for that alone.
 //
-// Quick runs: BENCHFLAGS='-only crisp -base=false -density 10 -idle 5s -list-calls 20'.
+// Quick runs: BENCHFLAGS='-only crisp -base=false -density 10 -idle 5s -list-calls 20 -nri=false';
+// the NRI cost alone: BENCHFLAGS='-only nri'.
 //
 // Runs of one -instance (0 by default) wait for each other (a lock next to their
 // root): they share the root, the bridges, the subnets and the cgroup parents, and

@@ -212,6 +212,12 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if res, ok := r.Runtimes["crisp"]; ok && res["nri_cycles"] > 0 {
+		fmt.Fprintln(w)
+		if err := WriteNRITable(w, res); err != nil {
+			return err
+		}
+	}
 	for _, n := range r.Notes {
 		fmt.Fprintln(w, "note:", n)
 	}

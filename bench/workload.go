@@ -118,6 +118,15 @@ func (w *Workload) Cycle(ctx context.Context) (CycleTimes, error) {
 	return ct, nil
 }
 
+// pickTimes is one phase of each cycle.
+func pickTimes(cs []CycleTimes, f func(CycleTimes) time.Duration) []time.Duration {
+	out := make([]time.Duration, len(cs))
+	for i, c := range cs {
+		out[i] = f(c)
+	}
+	return out
+}
+
 // Cycles runs n sequential cycles.
 func (w *Workload) Cycles(ctx context.Context, n int) ([]CycleTimes, error) {
 	out := make([]CycleTimes, 0, n)

@@ -488,3 +488,21 @@ func TestPluginsOrderedByIndex(t *testing.T) {
 		t.Errorf("plugins called in order %q, want %q", log, want)
 	}
 }
+
+// TestEvictionsReachTheRuntime: the library v0.12.3 drops a plugin's evictions before
+// they reach a runtime, so no plugin can drive this end to end; the evictions an
+// answer carries must still stop exactly the containers named, failures logged, once a
+// library version passes them on.
+func TestEvictionsReachTheRuntime(t *testing.T) {
+	rt := newTestRuntime()
+	n := startNRI(t, testConfig(t), rt)
+	n.evict(context.Background(), "update", []*api.ContainerEviction{
+		{ContainerId: "c1", Reason: "over its budget"},
+		{ContainerId: "c2", Reason: "over its budget"},
+	})
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if want := []string{"c1", "c2"}; !slices.Equal(rt.evicted, want) {
+		t.Fatalf("evicted %v, want %v", rt.evicted, want)
+	}
+}

@@ -1,15 +1,14 @@
 package snapshot
 
 import (
-	"archive/tar"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containerd/containerd/v2/pkg/archive"
@@ -20,19 +19,13 @@ import (
 	"github.com/crisp-runtime/crisp/image/diskspace"
 )
 
-// OCI whiteout names (image-spec layer.md), as archive.Apply reads them.
-const (
-	whiteoutPrefix = ".wh."
-	whiteoutOpaque = ".wh..wh..opq"
-)
-
 // Apply unpacks one uncompressed layer tar stream as snapshot chainID on top of parent
 // (empty for a base layer); layerName (e.g. the compressed blob's digest) names the
-// layer in errors. It is atomic: the layer is unpacked into a temporary directory under
-// root that becomes the snapshot only once complete, so on any error nothing remains.
-// When chainID exists already, r is not read and its Info is returned: layers are
-// shared between images. Concurrent calls for one chain ID are serialised; the later
-// ones return the first one's snapshot, or, if it failed, try with their own stream.
+// layer in errors. It is Claim, Unpack and Commit: atomic (on any error nothing
+// remains), r not read when chainID exists already (its Info is returned: layers are
+// shared between images), concurrent calls for one chain ID serialised (the later ones
+// return the first one's snapshot, or, if it failed, try with their own stream). The
+// parent must exist (errdefs.ErrNotFound otherwise) and cannot be removed meanwhile.
 //
 // Entries that could escape the layer or disagree with what the mounted image shows are
 // refused (errdefs.ErrInvalidArgument, naming the layer and the entry): absolute names,
@@ -44,9 +37,7 @@ const (
 // this layer. A stream that is not a tar or ends inside one (a truncated layer) is
 // errdefs.ErrInvalidArgument too; an error of r itself is returned as it is (its kind is
 // r's to give). A full filesystem is an error wrapping errdefs.ErrResourceExhausted.
-func (s *Snapshotter) Apply(ctx context.Context, chainID, parent digest.Digest, layerName string, r io.Reader) (_ Info, retErr error) {
-	// A full filesystem is ResourceExhausted; the partial layer is removed below.
-	defer func() { retErr = diskspace.Classify(retErr, s.root) }()
+func (s *Snapshotter) Apply(ctx context.Context, chainID, parent digest.Digest, layerName string, r io.Reader) (Info, error) {
 	if err := chainID.Validate(); err != nil {
 		return Info{}, fmt.Errorf("unpack layer %s: chain ID %q: %v: %w", layerName, chainID, err, errdefs.ErrInvalidArgument)
 	}
@@ -61,18 +52,54 @@ func (s *Snapshotter) Apply(ctx context.Context, chainID, parent digest.Digest, 
 	if layerName == "" {
 		layerName = chainID.String()
 	}
-	fl, info, lowers, err := s.beginApply(ctx, chainID, parent)
+	c, info, err := s.claim(ctx, chainID, parent)
 	if err != nil {
 		return Info{}, fmt.Errorf("unpack layer %s: %w", layerName, err)
 	}
-	if fl == nil {
+	if c == nil {
 		return info, nil
 	}
-	defer s.endApply(chainID, fl)
+	defer c.Release()
+	p, err := s.Unpack(ctx, layerName, r)
+	if err != nil {
+		return Info{}, err
+	}
+	return s.Commit(ctx, c, p, parent)
+}
 
+// Pending is a layer unpacked into a temporary directory under the snapshotter's root,
+// not yet a snapshot: Commit makes it one, Discard deletes it. Open deletes those a
+// crash left.
+type Pending struct {
+	s         *Snapshotter
+	layerName string
+	g         *guard
+	size      int64
+	inodes    int64
+
+	// mu serialises Commit and Discard; dir is "" once committed or discarded.
+	mu  sync.Mutex
+	dir string
+}
+
+// Unpack unpacks the uncompressed layer tar stream r into a temporary directory,
+// without its parent chain, so that the layers of an image can be unpacked at once, in
+// any order: the checks that need the lower layers, and the attributes of parent
+// directories the tar does not carry (containerd copies them from the lower layers),
+// are recorded and done by Commit. layerName names the layer in errors. It refuses what
+// Apply refuses, with the same errors, except entries reached through a symlink of a
+// lower layer, which Commit refuses; r's own errors are returned as they are, and a
+// full filesystem is an error wrapping errdefs.ErrResourceExhausted. On error nothing
+// remains. Unpack reads r up to the end of the tar archive, not beyond.
+func (s *Snapshotter) Unpack(ctx context.Context, layerName string, r io.Reader) (_ *Pending, retErr error) {
+	// A full filesystem is ResourceExhausted; the partial layer is removed below.
+	defer func() { retErr = diskspace.Classify(retErr, s.root) }()
+	if layerName == "" {
+		layerName = "(unnamed)"
+	}
 	tmp, err := os.MkdirTemp(s.root, tmpPrefix)
 	if err != nil {
-		return Info{}, fmt.Errorf("unpack layer %s: %w", layerName, err)
+		return nil, fmt.Errorf("unpack layer %s: %w", layerName, err)
 	}
 	defer func() {
 		if retErr != nil {
@@ -84,190 +111,180 @@ func (s *Snapshotter) Apply(ctx context.Context, chainID, parent digest.Digest, 
 	// MkdirTemp makes 0700; this directory is the layer's root, shown as / when it is
 	// the topmost layer of a rootfs.
 	if err := os.Chmod(tmp, 0o755); err != nil {
-		return Info{}, fmt.Errorf("unpack layer %s: %w", layerName, err)
+		return nil, fmt.Errorf("unpack layer %s: %w", layerName, err)
 	}
-	g := &guard{layer: tmp, lowers: lowers, lowerCache: map[string]lowerView{}}
+	g := newGuard(tmp)
 	src := &stream{r: r}
 	_, err = archive.Apply(ctx, tmp, src,
 		archive.WithConvertWhiteout(archive.OverlayConvertWhiteout),
-		archive.WithParents(lowers),
 		archive.WithFilter(g.filter),
 	)
 	if err != nil {
-		return Info{}, fmt.Errorf("unpack layer %s: %w", layerName, classifyApply(err, src))
+		return nil, fmt.Errorf("unpack layer %s: %w", layerName, classifyApply(err, src))
 	}
 	size, inodes, err := diskUsage(tmp)
 	if err != nil {
+		return nil, fmt.Errorf("unpack layer %s: %w", layerName, err)
+	}
+	return &Pending{s: s, layerName: layerName, g: g, size: size, inodes: inodes, dir: tmp}, nil
+}
+
+// Discard deletes a pending unpack; a no-op after Commit or a second Discard.
+func (p *Pending) Discard() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.discardLocked()
+}
+
+func (p *Pending) discardLocked() error {
+	if p.dir == "" {
+		return nil
+	}
+	err := os.RemoveAll(p.dir)
+	p.dir = ""
+	if err != nil {
+		// Open deletes what is left.
+		return fmt.Errorf("discard unpacked layer %s: %w", p.layerName, err)
+	}
+	return nil
+}
+
+// Commit makes p the snapshot c claims, on top of parent ("" for a base layer). The
+// parent must exist (an error wrapping errdefs.ErrFailedPrecondition otherwise: the
+// caller commits bottom-up); from here until c's Release, Remove refuses it. Commit
+// does what Unpack left for the lower layers: it refuses an entry reached through a
+// symlink of a visible lower layer (errdefs.ErrInvalidArgument naming the layer and the
+// entry, as Apply), and gives the directories the unpack created as parents of entries
+// the attributes containerd gives them (those of the topmost lower layer's directory
+// there, if any). Then it flushes the filesystem, so that a recorded layer is complete
+// on disk, and records the snapshot. p is consumed: deleted on any error.
+func (s *Snapshotter) Commit(ctx context.Context, c *Claim, p *Pending, parent digest.Digest) (_ Info, retErr error) {
+	if p == nil {
+		return Info{}, fmt.Errorf("commit layer: no unpacked layer: %w", errdefs.ErrInvalidArgument)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	layerName := p.layerName
+	defer func() {
+		if retErr != nil {
+			if err := p.discardLocked(); err != nil {
+				retErr = errors.Join(retErr, err)
+			}
+		}
+		// A full filesystem is ResourceExhausted.
+		retErr = diskspace.Classify(retErr, s.root)
+	}()
+	switch {
+	case p.dir == "":
+		return Info{}, fmt.Errorf("unpack layer %s: committed or discarded already: %w", layerName, errdefs.ErrFailedPrecondition)
+	case p.s != s || c == nil || c.s != s:
+		return Info{}, fmt.Errorf("unpack layer %s: commit without a claim of this snapshotter: %w", layerName, errdefs.ErrInvalidArgument)
+	case parent == c.chainID:
+		return Info{}, fmt.Errorf("unpack layer %s: %s is its own parent: %w", layerName, parent, errdefs.ErrInvalidArgument)
+	}
+	if parent != "" {
+		if err := parent.Validate(); err != nil {
+			return Info{}, fmt.Errorf("unpack layer %s: parent %q: %v: %w", layerName, parent, err, errdefs.ErrInvalidArgument)
+		}
+	}
+	if err := ctx.Err(); err != nil {
 		return Info{}, fmt.Errorf("unpack layer %s: %w", layerName, err)
+	}
+	lowers, err := s.pinParent(c, parent)
+	if err != nil {
+		return Info{}, fmt.Errorf("unpack layer %s: %w", layerName, err)
+	}
+
+	l := &lowerLayers{dirs: lowers}
+	if len(lowers) > 0 {
+		// In tar order: the first refused is the one Apply with the lowers at hand
+		// would have stopped at.
+		for _, lc := range p.g.lowerChecks {
+			if err := l.check(lc); err != nil {
+				return Info{}, fmt.Errorf("unpack layer %s: %w", layerName, err)
+			}
+		}
+	}
+	size := p.size
+	err = p.g.dirs.walk("", func(rel string, d *dirNode) error {
+		if d.made == byEntry || len(lowers) == 0 {
+			return nil
+		}
+		// Extended attributes may take a block of their own.
+		before, err := blocks(filepath.Join(p.dir, rel))
+		if err != nil {
+			return err
+		}
+		if err := l.fixParentDir(p.dir, rel, d.made); err != nil {
+			return err
+		}
+		after, err := blocks(filepath.Join(p.dir, rel))
+		size += after - before
+		return err
+	})
+	if err != nil {
+		return Info{}, fmt.Errorf("unpack layer %s: parent directories: %w", layerName, err)
 	}
 	// Once recorded, the layer is trusted to be complete: get it to disk first so that
 	// a power loss cannot leave a recorded layer with empty files.
-	if err := syncfs(tmp); err != nil {
+	if err := syncfs(p.dir); err != nil {
 		return Info{}, fmt.Errorf("unpack layer %s: %w", layerName, err)
 	}
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if !c.heldLocked() {
+		return Info{}, fmt.Errorf("unpack layer %s: the claim on %s was released: %w", layerName, c.chainID, errdefs.ErrFailedPrecondition)
+	}
 	id := s.nextID
 	dir := s.dir(id)
-	if err := os.Rename(tmp, dir); err != nil {
+	if err := os.Rename(p.dir, dir); err != nil {
 		return Info{}, fmt.Errorf("unpack layer %s: %w", layerName, err)
 	}
 	s.nextID++
-	tmp = dir // what to delete on failure from here on
-	rec := layerRecord{ID: id, Parent: parent, Size: size, Inodes: inodes, Created: time.Now().UTC()}
-	if err := s.st.Put(layerBucket, chainID.String(), rec); err != nil {
+	p.dir = dir // what to delete on failure from here on
+	rec := layerRecord{ID: id, Parent: parent, Size: size, Inodes: p.inodes, Created: time.Now().UTC()}
+	if err := s.st.Put(layerBucket, c.chainID.String(), rec); err != nil {
 		return Info{}, fmt.Errorf("unpack layer %s: %w", layerName, err)
 	}
-	return s.info(chainID, rec), nil
+	p.dir = ""
+	return s.info(c.chainID, rec), nil
 }
 
-// beginApply returns the existing snapshot chainID (fl nil), or registers an unpack of
-// it after waiting for any other unpack of the same chain ID; lowers are the parent
-// chain's directories, topmost first. Registering pins parent: Remove refuses it until
-// endApply.
-func (s *Snapshotter) beginApply(ctx context.Context, chainID, parent digest.Digest) (fl *flight, _ Info, lowers []string, _ error) {
-	for {
-		s.mu.Lock()
-		if other, ok := s.applying[chainID]; ok {
-			s.mu.Unlock()
-			select {
-			case <-other.done:
-				continue
-			case <-ctx.Done():
-				return nil, Info{}, nil, fmt.Errorf("wait for another unpack of %s: %w", chainID, ctx.Err())
-			}
-		}
-		var rec layerRecord
-		err := s.get(layerBucket, chainID.String(), &rec)
-		if err == nil {
-			s.mu.Unlock()
-			return nil, s.info(chainID, rec), nil, nil
-		}
-		if !errdefs.IsNotFound(err) {
-			s.mu.Unlock()
-			return nil, Info{}, nil, err
-		}
-		if parent != "" {
-			if lowers, err = s.chainLocked(parent); err != nil {
-				s.mu.Unlock()
-				return nil, Info{}, nil, fmt.Errorf("parent: %w", err)
-			}
-		}
-		fl = &flight{parent: parent, done: make(chan struct{})}
-		s.applying[chainID] = fl
-		s.mu.Unlock()
-		return fl, Info{}, lowers, nil
-	}
-}
-
-// endApply unregisters the unpack fl and wakes whoever waits for it.
-func (s *Snapshotter) endApply(chainID digest.Digest, fl *flight) {
+// pinParent checks that the claim c is outstanding and parent exists, and makes Remove
+// refuse parent until c's Release. It returns the parent chain's directories, topmost
+// first.
+func (s *Snapshotter) pinParent(c *Claim, parent digest.Digest) ([]string, error) {
 	s.mu.Lock()
-	delete(s.applying, chainID)
-	s.mu.Unlock()
-	close(fl.done)
+	defer s.mu.Unlock()
+	if !c.heldLocked() {
+		return nil, fmt.Errorf("the claim on %s was released: %w", c.chainID, errdefs.ErrFailedPrecondition)
+	}
+	if c.fl.parent != "" && c.fl.parent != parent {
+		return nil, fmt.Errorf("claimed on parent %s, committed on %s: %w", c.fl.parent, parent, errdefs.ErrInvalidArgument)
+	}
+	if parent == "" {
+		return nil, nil
+	}
+	lowers, err := s.chainLocked(parent)
+	if errdefs.IsNotFound(err) {
+		// Not the caller's NotFound: the layer is fine, its parent is not there (yet).
+		return nil, fmt.Errorf("parent: %v: %w", err, errdefs.ErrFailedPrecondition)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("parent: %w", err)
+	}
+	c.fl.parent = parent
+	return lowers, nil
 }
 
-// guard is the tar filter of one unpack. archive.Apply already keeps every path inside
-// the directory it unpacks to, but it resolves symlinks within this one layer only, so
-// a layer could still create files where the mounted image shows something else (a
-// path through a lower layer's symlink), and a stricter check costs nothing for layers
-// built by real tools. Refusing fails the whole unpack.
-type guard struct {
-	layer  string   // the directory being unpacked into
-	lowers []string // the parent chain, topmost first
-
-	// lowerCache holds the merged view of the lower layers per directory path; they do
-	// not change during an unpack, unlike the layer itself.
-	lowerCache map[string]lowerView
-}
-
-// lowerView is what the lower layers together show at one path.
-type lowerView struct {
-	kind kind
-	// merged are the indexes of the lowers whose directory at this path is part of the
-	// merged directory (topmost first; stops at an opaque one).
-	merged []int
-}
-
-type kind int
-
-const (
-	absent  kind = iota
-	isDir        // a directory
-	isLink       // a symlink
-	isOther      // a file, device, whiteout…: nothing beneath it is visible
-)
-
-// filter is the archive.WithFilter callback. archive.Apply calls it with the name
-// already passed through filepath.Clean, so an inner ".." is resolved lexically by then
-// and only a leading one can remain; it runs after every earlier entry is on disk, so
-// the layer directory shows what this layer created so far.
-func (g *guard) filter(hdr *tar.Header) (bool, error) {
-	name := strings.TrimPrefix(hdr.Name, "./")
-	if name == "." || name == "" {
-		return true, nil // the layer root; archive.Apply skips it
+// blocks returns the bytes path takes on disk.
+func blocks(path string) (int64, error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return 0, fmt.Errorf("stat %s: %w", path, err)
 	}
-	if err := g.checkName(name); err != nil {
-		return false, refuse(hdr.Name, err.Error())
-	}
-	if err := checkWhiteout(name); err != nil {
-		return false, refuse(hdr.Name, err.Error())
-	}
-	if hdr.Typeflag == tar.TypeLink {
-		target := strings.TrimPrefix(hdr.Linkname, "./")
-		if err := g.checkName(target); err != nil {
-			return false, refuse(hdr.Name, fmt.Sprintf("hard link target %q: %s", hdr.Linkname, err))
-		}
-		target = filepath.Clean(target)
-		if err := g.checkParents(target); err != nil {
-			return false, refuse(hdr.Name, fmt.Sprintf("hard link target %q: %s", hdr.Linkname, err))
-		}
-		if err := g.checkLinkTarget(name, target); err != nil {
-			return false, refuse(hdr.Name, fmt.Sprintf("hard link target %q: %s", hdr.Linkname, err))
-		}
-	}
-	if err := g.checkParents(name); err != nil {
-		return false, refuse(hdr.Name, err.Error())
-	}
-	return true, nil
-}
-
-// checkWhiteout refuses a whiteout that names no file (".wh.", ".wh..", ".wh..."):
-// archive.Apply would refuse it only as an "invalid archive", or whiteout the directory
-// holding it. The opaque marker ".wh..wh..opq" is fine, and so are other ".wh..wh."
-// names, which old Docker (AUFS) layers carry and which unpack as containerd unpacks them.
-func checkWhiteout(name string) error {
-	base := filepath.Base(name)
-	if !strings.HasPrefix(base, whiteoutPrefix) || base == whiteoutOpaque {
-		return nil
-	}
-	switch strings.TrimPrefix(base, whiteoutPrefix) {
-	case "", ".", "..":
-		return fmt.Errorf("whiteout %q names no file to remove", base)
-	}
-	return nil
-}
-
-// checkLinkTarget refuses a hard link that archive.Apply could not make: link(2) needs
-// the target to exist, in this layer (archive.Apply does not look into lower layers),
-// earlier in the tar, and not be a directory. Its parents are checked already, so the
-// Lstat follows no symlink.
-func (g *guard) checkLinkTarget(name, target string) error {
-	if target == name {
-		return errors.New("the entry links to itself")
-	}
-	fi, err := os.Lstat(filepath.Join(g.layer, target))
-	switch {
-	case errors.Is(err, fs.ErrNotExist), errors.Is(err, unix.ENOTDIR):
-		return errors.New("no such file earlier in this layer (hard links cannot reach into lower layers)")
-	case err != nil:
-		return fmt.Errorf("check the target: %w", err)
-	case fi.IsDir():
-		return errors.New("is a directory")
-	}
-	return nil
+	return st.Blocks * 512, nil
 }
 
 // stream is the layer's tar stream as archive.Apply reads it. It remembers whether the
@@ -311,141 +328,6 @@ func classifyApply(err error, src *stream) error {
 // refuse is the error for a refused entry; the caller adds the layer's name.
 func refuse(entry, why string) error {
 	return fmt.Errorf("refused entry %q: %s: %w", entry, why, errdefs.ErrInvalidArgument)
-}
-
-// checkName refuses names that are absolute or have a ".." component.
-func (g *guard) checkName(name string) error {
-	if name == "" {
-		return errors.New("empty name")
-	}
-	if filepath.IsAbs(name) {
-		return errors.New("absolute path")
-	}
-	for _, c := range strings.Split(name, "/") {
-		if c == ".." {
-			return errors.New(`".." path component`)
-		}
-	}
-	return nil
-}
-
-// checkParents refuses name if one of its parent directories is, as the mounted image
-// will show it, a symlink: in this layer (as unpacked so far) or, where this layer has
-// nothing, in the topmost lower layer that has something. name must be clean and
-// relative.
-func (g *guard) checkParents(name string) error {
-	dir := filepath.Dir(name)
-	if dir == "." {
-		return nil
-	}
-	inLayer := true     // this layer has every prefix so far as a directory
-	lowersShown := true // no opaque directory of this layer hides the lowers
-	prefix := ""
-	for _, c := range strings.Split(dir, "/") {
-		prefix = filepath.Join(prefix, c)
-		if inLayer {
-			// Every shorter prefix is a real directory here, so this Lstat follows
-			// no symlink.
-			p := filepath.Join(g.layer, prefix)
-			fi, err := os.Lstat(p)
-			switch {
-			case err == nil:
-				switch {
-				case fi.Mode()&fs.ModeSymlink != 0:
-					return fmt.Errorf("parent %q is a symlink in this layer", prefix)
-				case !fi.IsDir():
-					// A file or a whiteout of this layer, earlier in the tar:
-					// archive.Apply would fail with a bare ENOTDIR.
-					return fmt.Errorf("parent %q is not a directory in this layer (a file or a whiteout earlier in the tar)", prefix)
-				}
-				if lowersShown && len(g.lowers) > 0 && isOpaque(p) {
-					lowersShown = false
-				}
-				continue
-			case errors.Is(err, fs.ErrNotExist):
-				inLayer = false
-			default:
-				return fmt.Errorf("check parent %q: %w", prefix, err)
-			}
-		}
-		if !lowersShown {
-			return nil // created afresh in this layer
-		}
-		v, err := g.lower(prefix)
-		if err != nil {
-			return fmt.Errorf("check parent %q: %w", prefix, err)
-		}
-		switch v.kind {
-		case isLink:
-			return fmt.Errorf("parent %q is a symlink in a lower layer", prefix)
-		case isDir:
-			continue
-		default:
-			return nil // absent or hidden below: created afresh in this layer
-		}
-	}
-	return nil
-}
-
-// lower returns what the lower layers together show at the clean relative path p,
-// following overlayfs: the topmost layer having p decides its kind; a directory merges
-// with the directories at p of the layers below, down to an opaque one or a non-directory.
-func (g *guard) lower(p string) (lowerView, error) {
-	if v, ok := g.lowerCache[p]; ok {
-		return v, nil
-	}
-	var candidates []int
-	if parent := filepath.Dir(p); parent == "." {
-		candidates = make([]int, len(g.lowers))
-		for i := range candidates {
-			candidates[i] = i
-		}
-	} else {
-		pv, err := g.lower(parent)
-		if err != nil {
-			return lowerView{}, err
-		}
-		if pv.kind != isDir {
-			return lowerView{}, nil
-		}
-		candidates = pv.merged
-	}
-	var v lowerView
-	for _, i := range candidates {
-		// p's parent is a real directory in lower i, so this follows no symlink.
-		full := filepath.Join(g.lowers[i], p)
-		fi, err := os.Lstat(full)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return lowerView{}, err
-		}
-		if !fi.IsDir() {
-			if v.kind == absent {
-				v.kind = isOther
-				if fi.Mode()&fs.ModeSymlink != 0 {
-					v.kind = isLink
-				}
-			}
-			break // hides this path in the layers below
-		}
-		v.kind = isDir
-		v.merged = append(v.merged, i)
-		if isOpaque(full) {
-			break
-		}
-	}
-	g.lowerCache[p] = v
-	return v, nil
-}
-
-// isOpaque tells whether directory p hides the layers below it (an OCI opaque marker,
-// converted for overlay).
-func isOpaque(p string) bool {
-	buf := make([]byte, 1)
-	n, err := unix.Lgetxattr(p, "trusted.overlay.opaque", buf)
-	return err == nil && n == 1 && buf[0] == 'y'
 }
 
 // syncfs flushes the filesystem holding dir.

@@ -1,10 +1,13 @@
 package snapshot
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -62,5 +65,26 @@ func TestPrepareFullDisk(t *testing.T) {
 	}
 	if _, err := f.s.Prepare("ctr", ""); err != nil {
 		t.Fatalf("prepare once inodes are free: %v", err)
+	}
+}
+
+// TestUnpackFullDisk: a layer larger than the space left is ResourceExhausted from
+// Unpack (all layers unpack at once, so this is where a full disk shows) and leaves no
+// directory.
+func TestUnpackFullDisk(t *testing.T) {
+	requireRoot(t)
+	base := t.TempDir()
+	root := filepath.Join(base, "s")
+	if err := os.Mkdir(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	fulldisk.Mount(t, root, "size=4m")
+	f := newFixture(t, base)
+	data := layerTar(t, fileE("big", strings.Repeat("x", 8<<20), 0o644))
+	if _, err := f.s.Unpack(context.Background(), "sha256:big", bytes.NewReader(data)); !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "sha256:big") {
+		t.Fatalf("Unpack of 8 MiB into 4: %v, want ResourceExhausted naming the layer", err)
+	}
+	if got := names(t, root); len(got) != 0 {
+		t.Errorf("a failed Unpack left %v", got)
 	}
 }

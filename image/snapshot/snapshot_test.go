@@ -43,44 +43,11 @@ func applyAll(t testing.TB, s *Snapshotter, layers ...[]byte) []digest.Digest {
 
 // threeLayers is an image exercising whiteouts, opaque dirs and every entry type.
 func threeLayers(t testing.TB) [][]byte {
-	l0 := layerTar(t,
-		dirE("bin/", 0o755),
-		xattr(owned(fileE("bin/tool", "#!tool", 0o750), 1000, 1001), "user.origin", "l0"),
-		// Tar tools repeat the inode's metadata on a hard link; archive.Apply applies it.
-		owned(withMode(hardlinkE("bin/tool2", "bin/tool"), 0o750), 1000, 1001),
-		fileE("bin/su", "su", 0o4755),
-		dirE("etc/", 0o755),
-		fileE("etc/hosts", "l0 hosts", 0o644),
-		dirE("del/", 0o755),
-		fileE("del/gone", "bye", 0o644),
-		fileE("del/stays", "stay", 0o600),
-		owned(dirE("opq/", 0o750), 5, 6),
-		fileE("opq/old", "old", 0o644),
-		dirE("opq/sub/", 0o755),
-		fileE("opq/sub/old2", "old2", 0o644),
-		symlinkE("link", "etc/hosts"),
-		symlinkE("abs", "/etc/passwd"),
-		dirE("dev/", 0o755),
-		charE("dev/null", 1, 3, 0o666),
-	)
-	l1 := layerTar(t,
-		fileE("del/.wh.gone", "", 0o644),
-		dirE("opq/", 0o711),
-		fileE("opq/.wh..wh..opq", "", 0o644),
-		fileE("opq/new", "new", 0o644),
-		fileE("etc/hosts", "l1 hosts", 0o644),
-		owned(dirE("home/u/", 0o700), 1000, 1000),
-		fifoE("run.fifo", 0o600),
-		dirE("usr/lib/", 0o755),
-		symlinkE("lib", "usr/lib"),
-	)
-	l2 := layerTar(t,
-		fileE(".wh.run.fifo", "", 0o644),
-		fileE("usr/lib/libx.so", "elf", 0o644),
-		owned(fileE("./home/u/.profile", "export X=1", 0o644), 1000, 1000),
-		fileE("etc/l2", "two", 0o400),
-	)
-	return [][]byte{l0, l1, l2}
+	var out [][]byte
+	for _, es := range threeLayersEntries() {
+		out = append(out, layerTar(t, es...))
+	}
+	return out
 }
 
 func TestThreeLayerImageMounted(t *testing.T) {
@@ -404,6 +371,22 @@ func TestMaliciousLayersRefused(t *testing.T) {
 			entry: "f/.wh..wh..opq",
 		},
 		{name: "entry beneath a file", evil: []entry{fileE("f", "x", 0o644), fileE("f/x", "x", 0o644)}, entry: "f/x"},
+		// The filter knows the layer's directories; a later entry replacing one is seen.
+		{
+			name:  "dir replaced by a symlink later in the same tar",
+			evil:  []entry{dirE("d/", 0o755), fileE("d/f", "f", 0o644), symlinkE("d", sentinel), fileE("d/keep", "x", 0o644)},
+			entry: "d/keep",
+		},
+		{
+			name:  "parent dir made for an entry, then replaced by a symlink",
+			evil:  []entry{fileE("a/b/f", "f", 0o644), symlinkE("a", sentinel), fileE("a/keep", "x", 0o644)},
+			entry: "a/keep",
+		},
+		{
+			name:  "dir replaced by a hard link",
+			evil:  []entry{fileE("t", "t", 0o644), dirE("d/", 0o755), fileE("d/f", "f", 0o644), hardlinkE("d", "t"), fileE("d/x", "x", 0o644)},
+			entry: "d/x",
+		},
 		{
 			name:  "entry beneath a whiteout",
 			base:  [][]entry{{dirE("d/", 0o755), fileE("d/old", "o", 0o644)}},

@@ -44,16 +44,11 @@ type Snapshotter struct {
 	indexOff bool
 
 	// mu serialises metadata changes (so that a parent cannot be removed while a child
-	// or an active snapshot is being created on it) and guards nextID and applying.
+	// or an active snapshot is being created on it) and guards nextID and applying, the
+	// outstanding claims by chain ID.
 	mu       sync.Mutex
 	nextID   uint64
 	applying map[digest.Digest]*flight
-}
-
-// flight is an unpack in progress; others wanting the same chain ID wait for done.
-type flight struct {
-	parent digest.Digest
-	done   chan struct{}
 }
 
 // layerRecord is what the store holds for one committed layer.
