@@ -286,6 +286,12 @@ func (s *Service) pull(ctx context.Context, named reference.Named, auth *remote.
 	if err != nil {
 		return nil, 0, fmt.Errorf("pull %s: read config: %w", name, err)
 	}
+	// The layers this pull committed are not flushed yet (those it found were, or
+	// are flushed here too: syncfs covers the whole filesystem); until the image is
+	// recorded, nothing references them, and the next start frees them.
+	if err := s.snaps.Sync(); err != nil {
+		return nil, 0, fmt.Errorf("pull %s: %w", name, err)
+	}
 	diffIDs := make([]digest.Digest, len(fetched.Layers))
 	for i, l := range fetched.Layers {
 		diffIDs[i] = l.DiffID
@@ -400,7 +406,8 @@ func (lp *layerPull) layer(ctx context.Context, i int, l remote.Layer, fetch rem
 			return fmt.Errorf("pull %s: layer %s: the layer below failed", lp.name, l.Digest)
 		}
 	}
-	if _, err := lp.s.snaps.Commit(ctx, claim, pending, parent); err != nil {
+	// Unsynced: pull flushes once for the image before recording it.
+	if _, err := lp.s.snaps.CommitUnsynced(ctx, claim, pending, parent); err != nil {
 		return fmt.Errorf("pull %s: %w", lp.name, err)
 	}
 	return nil
