@@ -334,11 +334,11 @@ func (s *Service) pull(ctx context.Context, named reference.Named, auth *remote.
 // once the layer below it is, since its checks and the attributes of the directories
 // it does not carry depend on the layers below.
 type layerPull struct {
-	s      *Service
-	name   string
-	chain  []digest.Digest
-	done   []chan struct{} // closed when layer i is committed or has failed
-	errs   []error         // layer i's result, set before done[i] is closed
+	s     *Service
+	name  string
+	chain []digest.Digest
+	done  []chan struct{} // closed when layer i is committed or has failed
+	errs  []error         // layer i's result, set before done[i] is closed
 }
 
 func (s *Service) newLayerPull(name string, layers []remote.Layer) *layerPull {
