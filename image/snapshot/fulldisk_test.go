@@ -20,14 +20,7 @@ import (
 // inodes (ENOSPC from mkdir) is ResourceExhausted and leaves no directory and no
 // record; once inodes are freed the same Prepare succeeds.
 func TestPrepareFullDisk(t *testing.T) {
-	requireRoot(t)
-	base := t.TempDir()
-	root := filepath.Join(base, "s")
-	if err := os.Mkdir(root, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	fulldisk.Mount(t, root, "size=8m,nr_inodes=64")
-	f := newFixture(t, base) // the database stays on the disk
+	root, f := fullDiskFixture(t, "size=8m,nr_inodes=64")
 
 	fillers := filepath.Join(root, "tmp-fillers") // a name Open would clean up
 	if err := os.Mkdir(fillers, 0o700); err != nil {
@@ -72,14 +65,7 @@ func TestPrepareFullDisk(t *testing.T) {
 // Unpack (all layers unpack at once, so this is where a full disk shows) and leaves no
 // directory.
 func TestUnpackFullDisk(t *testing.T) {
-	requireRoot(t)
-	base := t.TempDir()
-	root := filepath.Join(base, "s")
-	if err := os.Mkdir(root, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	fulldisk.Mount(t, root, "size=4m")
-	f := newFixture(t, base)
+	root, f := fullDiskFixture(t, "size=4m")
 	data := layerTar(t, fileE("big", strings.Repeat("x", 8<<20), 0o644))
 	if _, err := f.s.Unpack(context.Background(), "sha256:big", bytes.NewReader(data)); !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "sha256:big") {
 		t.Fatalf("Unpack of 8 MiB into 4: %v, want ResourceExhausted naming the layer", err)
@@ -87,4 +73,18 @@ func TestUnpackFullDisk(t *testing.T) {
 	if got := names(t, root); len(got) != 0 {
 		t.Errorf("a failed Unpack left %v", got)
 	}
+}
+
+// fullDiskFixture is a snapshotter whose root is a small tmpfs mounted with opts; the
+// database stays on the disk. It returns the root too.
+func fullDiskFixture(t *testing.T, opts string) (string, *fixture) {
+	t.Helper()
+	requireRoot(t)
+	base := t.TempDir()
+	root := filepath.Join(base, "s")
+	if err := os.Mkdir(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	fulldisk.Mount(t, root, opts)
+	return root, newFixture(t, base)
 }
