@@ -153,6 +153,8 @@ func New(cfg Config, st *store.Store, log *slog.Logger) (*Service, error) {
 	}
 	reserve := diskspace.Reserve{Path: cfg.Root, Bytes: cfg.MinFreeBytes, Percent: cfg.MinFreePercent}
 	cfg.Remote.Reserve = reserve
+	// pull flushes the store once for an image, and New frees unreferenced blobs.
+	cfg.Remote.DeferSync = true
 	s := &Service{
 		cfg:     cfg,
 		store:   st,
@@ -286,9 +288,12 @@ func (s *Service) pull(ctx context.Context, named reference.Named, auth *remote.
 	if err != nil {
 		return nil, 0, fmt.Errorf("pull %s: read config: %w", name, err)
 	}
-	// The layers this pull committed are not flushed yet (those it found were, or
-	// are flushed here too: syncfs covers the whole filesystem); until the image is
-	// recorded, nothing references them, and the next start frees them.
+	// The blobs and layers this pull stored are not flushed yet (those it found were,
+	// or are flushed here too: syncfs covers the whole filesystem); until the image is
+	// recorded nothing references them, and the next start frees them.
+	if err := s.content.Sync(); err != nil {
+		return nil, 0, fmt.Errorf("pull %s: %w", name, err)
+	}
 	if err := s.snaps.Sync(); err != nil {
 		return nil, 0, fmt.Errorf("pull %s: %w", name, err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	digest "github.com/opencontainers/go-digest"
+	"golang.org/x/sys/unix"
 
 	"github.com/crisp-runtime/crisp/image/diskspace"
 )
@@ -145,7 +146,35 @@ func (s *Store) ReadAll(d digest.Digest, max int64) ([]byte, error) {
 // read, a read error or a cancelled ctx is an error naming d and what went wrong, and
 // leaves no file behind; a full filesystem is an error wrapping
 // errdefs.ErrResourceExhausted. If d is already present Write reads nothing and returns nil.
-func (s *Store) Write(ctx context.Context, d digest.Digest, size int64, r io.Reader) (retErr error) {
+func (s *Store) Write(ctx context.Context, d digest.Digest, size int64, r io.Reader) error {
+	return s.write(ctx, d, size, r, true)
+}
+
+// WriteUnsynced is Write without the fsyncs, for a caller that flushes once (Sync)
+// before it records anything referencing the blob: after a power cut a blob written so
+// may be incomplete under its final name, so only a store whose unreferenced blobs are
+// freed at the next start (image.Service's) may use it. An image's blobs then cost one
+// flush instead of one each, and a download no longer waits for its blob to reach the
+// disk before its unpack can finish.
+func (s *Store) WriteUnsynced(ctx context.Context, d digest.Digest, size int64, r io.Reader) error {
+	return s.write(ctx, d, size, r, false)
+}
+
+// Sync flushes the filesystem holding the store: every blob written before it returns
+// is whole on disk under its name.
+func (s *Store) Sync() error {
+	f, err := os.Open(s.root)
+	if err != nil {
+		return fmt.Errorf("sync content store: %w", err)
+	}
+	defer f.Close()
+	if err := unix.Syncfs(int(f.Fd())); err != nil {
+		return fmt.Errorf("sync content store %s: %w", s.root, err)
+	}
+	return nil
+}
+
+func (s *Store) write(ctx context.Context, d digest.Digest, size int64, r io.Reader, durable bool) (retErr error) {
 	// A full filesystem is ResourceExhausted; the ingest file is removed below.
 	defer func() { retErr = diskspace.Classify(retErr, s.root) }()
 	p, err := s.path(d)
@@ -207,8 +236,10 @@ func (s *Store) Write(ctx context.Context, d digest.Digest, size int64, r io.Rea
 	if err := f.Chmod(0o444); err != nil {
 		return fmt.Errorf("write blob %s: %w", d, err)
 	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("write blob %s: sync: %w", d, err)
+	if durable {
+		if err := f.Sync(); err != nil {
+			return fmt.Errorf("write blob %s: sync: %w", d, err)
+		}
 	}
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("write blob %s: %w", d, err)
@@ -222,6 +253,9 @@ func (s *Store) Write(ctx context.Context, d digest.Digest, size int64, r io.Rea
 		return fmt.Errorf("write blob %s: commit: %w", d, err)
 	}
 	committed = true
+	if !durable {
+		return nil
+	}
 	// Sync the directory so the new name itself survives a crash.
 	if err := syncDir(dir); err != nil {
 		return fmt.Errorf("write blob %s: sync directory: %w", d, err)

@@ -116,30 +116,60 @@ func TestWriteVerifies(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		size    int64
-		r       io.Reader
+		r       func() io.Reader // a fresh one for each way of writing
 		wantMsg string
 	}{
-		{"digest mismatch", int64(len(data)), strings.NewReader("the fake content"), "digest mismatch"},
-		{"digest mismatch unknown size", -1, strings.NewReader("other"), "digest mismatch"},
-		{"short read", int64(len(data)), bytes.NewReader(data[:5]), "truncated: got 5 of 16 bytes"},
-		{"long read", 4, bytes.NewReader(data), "too long"},
-		{"read error", int64(len(data)), io.MultiReader(bytes.NewReader(data[:3]), iotest.ErrReader(io.ErrUnexpectedEOF)), "read failed after 3 of 16 bytes"},
+		{"digest mismatch", int64(len(data)), func() io.Reader { return strings.NewReader("the fake content") }, "digest mismatch"},
+		{"digest mismatch unknown size", -1, func() io.Reader { return strings.NewReader("other") }, "digest mismatch"},
+		{"short read", int64(len(data)), func() io.Reader { return bytes.NewReader(data[:5]) }, "truncated: got 5 of 16 bytes"},
+		{"long read", 4, func() io.Reader { return bytes.NewReader(data) }, "too long"},
+		{"read error", int64(len(data)), func() io.Reader {
+			return io.MultiReader(bytes.NewReader(data[:3]), iotest.ErrReader(io.ErrUnexpectedEOF))
+		}, "read failed after 3 of 16 bytes"},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			s := openStore(t)
-			err := s.Write(context.Background(), d, tc.size, tc.r)
-			if err == nil {
-				t.Fatal("Write accepted bad content")
-			}
-			if !strings.Contains(err.Error(), tc.wantMsg) || !strings.Contains(err.Error(), d.String()) {
-				t.Errorf("error %q does not name the digest and %q", err, tc.wantMsg)
-			}
-			if s.Has(d) || blobCount(t, s) != 0 {
-				t.Error("bad content became a blob")
-			}
-			ingestEmpty(t, s)
-		})
+		// The unsynced write verifies exactly as the synced one.
+		for _, w := range []struct {
+			name  string
+			write func(*Store, io.Reader) error
+		}{
+			{"synced", func(s *Store, r io.Reader) error { return s.Write(context.Background(), d, tc.size, r) }},
+			{"unsynced", func(s *Store, r io.Reader) error { return s.WriteUnsynced(context.Background(), d, tc.size, r) }},
+		} {
+			t.Run(tc.name+"/"+w.name, func(t *testing.T) {
+				s := openStore(t)
+				err := w.write(s, tc.r())
+				if err == nil {
+					t.Fatal("Write accepted bad content")
+				}
+				if !strings.Contains(err.Error(), tc.wantMsg) || !strings.Contains(err.Error(), d.String()) {
+					t.Errorf("error %q does not name the digest and %q", err, tc.wantMsg)
+				}
+				if s.Has(d) || blobCount(t, s) != 0 {
+					t.Error("bad content became a blob")
+				}
+				ingestEmpty(t, s)
+			})
+		}
 	}
+}
+
+// TestWriteUnsyncedThenSync: an unsynced blob is stored and readable like any other,
+// and Sync succeeds on the store's filesystem.
+func TestWriteUnsyncedThenSync(t *testing.T) {
+	s := openStore(t)
+	data := []byte("layer bytes")
+	d := digest.FromBytes(data)
+	if err := s.WriteUnsynced(context.Background(), d, int64(len(data)), bytes.NewReader(data)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.ReadAll(d, 100)
+	if err != nil || string(got) != string(data) {
+		t.Fatalf("ReadAll = %q, %v", got, err)
+	}
+	ingestEmpty(t, s)
 }
 
 func TestWriteExistingIsNoop(t *testing.T) {

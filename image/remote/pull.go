@@ -77,6 +77,10 @@ type Config struct {
 	MaxConcurrentDownloads int
 	// Platform is the "os/arch[/variant]" picked from an index (default "linux/"+runtime.GOARCH).
 	Platform string
+	// DeferSync stores blobs without fsyncs (content.Store.WriteUnsynced): the caller
+	// flushes the store before it records anything that references them, and frees
+	// unreferenced blobs at its start.
+	DeferSync bool
 	// Reserve is the free space downloads must leave on the content store's
 	// filesystem; checked against the layers' sizes before they are downloaded and
 	// while they are written.
@@ -117,6 +121,7 @@ type Puller struct {
 	platform     ocispec.Platform
 	maxDownloads int
 	reserve      diskspace.Reserve
+	deferSync    bool
 	flights      flightGroup
 }
 
@@ -134,6 +139,7 @@ func New(cfg Config, cs *content.Store, log *slog.Logger) *Puller {
 		mirrors:      map[string][]endpoint{},
 		maxDownloads: cfg.MaxConcurrentDownloads,
 		reserve:      cfg.Reserve,
+		deferSync:    cfg.DeferSync,
 	}
 	if p.maxDownloads <= 0 {
 		p.maxDownloads = 3
@@ -326,7 +332,7 @@ func (p *Puller) pullFrom(ctx context.Context, named reference.Named, ep endpoin
 		if err := json.Unmarshal(b, &idx); err != nil {
 			return nil, fmt.Errorf("%s: index %s is not valid JSON: %w: %w", what, desc.Digest, err, errdefs.ErrInvalidArgument)
 		}
-		if err := p.cs.Write(ctx, desc.Digest, desc.Size, bytes.NewReader(b)); err != nil {
+		if err := p.store(ctx, desc.Digest, desc.Size, bytes.NewReader(b)); err != nil {
 			return nil, fmt.Errorf("store index %s: %w", desc.Digest, err)
 		}
 		child, err := selectManifest(&idx, p.platform)
@@ -361,7 +367,7 @@ func (p *Puller) pullFrom(ctx context.Context, named reference.Named, ep endpoin
 	if err := checkManifest(&m); err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	if err := p.cs.Write(ctx, desc.Digest, desc.Size, bytes.NewReader(b)); err != nil {
+	if err := p.store(ctx, desc.Digest, desc.Size, bytes.NewReader(b)); err != nil {
 		return nil, fmt.Errorf("store manifest %s: %w", desc.Digest, err)
 	}
 
@@ -619,7 +625,7 @@ func (p *Puller) download(ctx context.Context, src *source, desc ocispec.Descrip
 	if tee != nil {
 		body = tee.reader(body)
 	}
-	if err := p.cs.Write(ctx, desc.Digest, desc.Size, body); err != nil {
+	if err := p.store(ctx, desc.Digest, desc.Size, body); err != nil {
 		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -629,6 +635,14 @@ func (p *Puller) download(ctx context.Context, src *source, desc ocispec.Descrip
 	stats.bytes.Add(desc.Size)
 	p.log.Debug("downloaded blob", "digest", desc.Digest, "size", desc.Size, "from", src.ep.display, "duration", time.Since(start))
 	return nil
+}
+
+// store writes a blob to the content store, with fsyncs unless the caller defers them.
+func (p *Puller) store(ctx context.Context, d digest.Digest, size int64, r io.Reader) error {
+	if p.deferSync {
+		return p.cs.WriteUnsynced(ctx, d, size, r)
+	}
+	return p.cs.Write(ctx, d, size, r)
 }
 
 // connReader is a blob download's response body. A read error is the connection's: the

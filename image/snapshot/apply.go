@@ -177,7 +177,7 @@ func (s *Snapshotter) CommitUnsynced(ctx context.Context, c *Claim, p *Pending, 
 // returns is whole on disk.
 func (s *Snapshotter) Sync() error { return syncfs(s.root) }
 
-func (s *Snapshotter) commit(ctx context.Context, c *Claim, p *Pending, parent digest.Digest, sync bool) (_ Info, retErr error) {
+func (s *Snapshotter) commit(ctx context.Context, c *Claim, p *Pending, parent digest.Digest, durable bool) (_ Info, retErr error) {
 	if p == nil {
 		return Info{}, fmt.Errorf("commit layer: no unpacked layer: %w", errdefs.ErrInvalidArgument)
 	}
@@ -246,7 +246,7 @@ func (s *Snapshotter) commit(ctx context.Context, c *Claim, p *Pending, parent d
 	}
 	// Once recorded, the layer is trusted to be complete: get it to disk first so that
 	// a power loss cannot leave a recorded layer with empty files.
-	if sync {
+	if durable {
 		if err := syncfs(p.dir); err != nil {
 			return Info{}, fmt.Errorf("unpack layer %s: %w", layerName, err)
 		}
