@@ -27,7 +27,7 @@ var (
 	resultsDir = flag.String("results", "bench/results", "directory the JSON report is written to")
 	cycles     = flag.Int("cycles", 50, "sequential pod cycles timed per runtime")
 	churnFor   = flag.Duration("churn", 60*time.Second, "how long the 10-client churn runs per runtime")
-	only       = flag.String("only", "", "run one runtime only (crisp or containerd), or only the NRI comparison (nri)")
+	only       = flag.String("only", "", "run one runtime only (crisp or containerd; the NRI comparison and the pull part are then skipped but for crisp's NRI), or only the NRI comparison (nri), or only the pull benchmark (pull)")
 	hold       = flag.Duration("hold", 0, "keep the 20 memory pods this long after measuring them (to profile them by hand)")
 	metricsOn  = flag.Bool("crisp-metrics", true, "serve crisp's Prometheus metrics on a loopback port, for the pod start breakdown (-crisp-metrics=false measures crisp without)")
 	base       = flag.Bool("base", true, "run the base measurements: sequential cycles, churn, 20 pods' memory, exec, lists at 100 pods (-base=false for quick density or soak runs)")
@@ -79,9 +79,9 @@ func TestBench(t *testing.T) {
 		t.Fatal("-instance must be 0-7")
 	}
 	switch *only {
-	case "", "crisp", "containerd", "nri":
+	case "", "crisp", "containerd", "nri", "pull":
 	default:
-		t.Fatalf("-only %q: want crisp, containerd or nri", *only)
+		t.Fatalf("-only %q: want crisp, containerd, nri or pull", *only)
 	}
 	runNRI := *nriCost || *only == "nri"
 	benchRoot := benchRoot(*instance)
@@ -118,7 +118,7 @@ func TestBench(t *testing.T) {
 	var big []string
 	for i := range 6 {
 		big = append(big, fmt.Sprintf("%s/big%d:bench", host, i))
-		if *only != "nri" {
+		if *only != "nri" && *only != "pull" {
 			imagetest.Push(t, host, fmt.Sprintf("big%d:bench", i), bigImage(t, uint64(i)))
 		}
 	}
@@ -167,7 +167,7 @@ func TestBench(t *testing.T) {
 		}
 	}
 
-	if runNRI && *only != "containerd" && ctx.Err() == nil {
+	if runNRI && *only != "containerd" && *only != "pull" && ctx.Err() == nil {
 		res := rep.Runtimes["crisp"]
 		if res == nil {
 			res = Results{}
@@ -185,9 +185,26 @@ func TestBench(t *testing.T) {
 		}
 	}
 
+	if (*only == "" || *only == "pull") && *pullRounds >= 0 && ctx.Err() == nil {
+		t.Log("pull: the pull benchmark")
+		pr, err := runPull(ctx, t, host, pause, benchRoot)
+		rep.Pull = pr
+		if err != nil {
+			t.Errorf("pull: %v", err)
+		}
+	}
+
 	var sb strings.Builder
-	if err := rep.WriteTable(&sb); err != nil {
-		t.Fatal(err)
+	if len(rep.Runtimes) > 0 {
+		if err := rep.WriteTable(&sb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rep.Pull != nil {
+		sb.WriteString("\n")
+		if err := rep.Pull.WriteTable(&sb); err != nil {
+			t.Fatal(err)
+		}
 	}
 	fmt.Println()
 	fmt.Println(sb.String())

@@ -236,7 +236,7 @@ func TestParseProcFigures(t *testing.T) {
 }
 
 func TestPullReportTable(t *testing.T) {
-	p := &PullReport{SizeMB: 200, Rounds: 3, Cores: 2, Seed: 1,
+	p := &PullReport{SizeMB: 200, Rounds: 3, Cores: 2, Seed: 1, Pods: 10,
 		Images: []PullImageInfo{{Name: "gzip", MB: 201, TarMB: 560, Layers: 6, Files: 25000}}}
 	p.Set(PullCrisp, "gzip_wall", 7300)
 	p.Set(PullContainerd, "gzip_wall", 8600)
@@ -284,5 +284,16 @@ func TestPullReportTable(t *testing.T) {
 	}
 	if !strings.Contains(out, "25000 files") {
 		t.Errorf("image line missing:\n%s", out)
+	}
+}
+
+func TestMedian(t *testing.T) {
+	for _, c := range []struct {
+		in   []float64
+		want float64
+	}{{nil, 0}, {[]float64{3}, 3}, {[]float64{9, 1, 5}, 5}, {[]float64{4, 1, 3, 2}, 2.5}} {
+		if got := Median(c.in); got != c.want {
+			t.Errorf("Median(%v) = %v, want %v", c.in, got, c.want)
+		}
 	}
 }

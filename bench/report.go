@@ -147,6 +147,8 @@ type Report struct {
 	Versions map[string]string  `json:"versions"`
 	Runtimes map[string]Results `json:"runtimes"`
 	Notes    []string           `json:"notes,omitempty"`
+	// Pull is the pull benchmark's part, when it ran.
+	Pull *PullReport `json:"pull,omitempty"`
 }
 
 // Ratio is crisp's figure over containerd's; NaN when either is missing or zero.
