@@ -27,7 +27,7 @@ var (
 	resultsDir = flag.String("results", "bench/results", "directory the JSON report is written to")
 	cycles     = flag.Int("cycles", 50, "sequential pod cycles timed per runtime")
 	churnFor   = flag.Duration("churn", 60*time.Second, "how long the 10-client churn runs per runtime")
-	only       = flag.String("only", "", "run one runtime only (crisp or containerd; the NRI comparison and the pull part are then skipped but for crisp's NRI), or only the NRI comparison (nri), or only the pull benchmark (pull)")
+	only       = flag.String("only", "", "run one runtime only (crisp or containerd; without the pull part then), or only the NRI comparison (nri) or the pull benchmark (pull)")
 	hold       = flag.Duration("hold", 0, "keep the 20 memory pods this long after measuring them (to profile them by hand)")
 	metricsOn  = flag.Bool("crisp-metrics", true, "serve crisp's Prometheus metrics on a loopback port, for the pod start breakdown (-crisp-metrics=false measures crisp without)")
 	base       = flag.Bool("base", true, "run the base measurements: sequential cycles, churn, 20 pods' memory, exec, lists at 100 pods (-base=false for quick density or soak runs)")

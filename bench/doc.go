@@ -1,7 +1,7 @@
-// Package bench measures crisp against Debian's containerd on the same machine: it
-// starts each runtime with its own root, state, socket, bridge and subnet, drives both
-// through the same CRI client code, and reports each figure with the crisp/containerd
-// ratio. `make bench` runs it (bench_test.go, build tag "bench"); nothing here runs in
+// Package bench measures crisp against Debian's containerd (and, for pulls,
+// containerd 2.x) on the same machine: it starts each runtime with its own root,
+// state, socket, bridge and subnet, drives both through the same CRI client code,
+// and reports each figure with the crisp/containerd ratio. `make bench` runs it (bench_test.go, build tag "bench"); nothing here runs in
 // `make test` except the unit tests of the pure parts.
 //
 // Each runtime goes through these parts in turn, all with the same requests:
@@ -46,6 +46,40 @@
 //     cycles p99 is the slowest cycle and its noise is large; use -cycles 200 for a
 //     p99 worth reading. The run fails if the plugin answered
 //     fewer than 9 events a timed cycle (it answers 10).
+//   - pull (in every run at a small size; -pull for the full one; -only pull for it
+//     alone): images the benchmark generates (NewPullTree, seeded, ~8-25 s at full
+//     size, so not cached): 6 layers, ~25,000 small text-like files (locales, Perl
+//     libraries, a Go tree, docs) and a few large partly compressible ones, ~200 MB
+//     compressed with -pull (-pull-size MB; 20 by default); a gzip and a zstd image
+//     of the same tree, and a "whiteout" image, the gzip one plus a layer of
+//     whiteouts (a file, a directory, a large file), an opaque directory refilled
+//     and a large file replaced, and a layer making the deleted directory again;
+//     /bin/busybox in the base layer so its containers run. They are served by the
+//     in-process registry on 127.0.0.1. Each column pulls each image (-pull-images)
+//     once a round with CRI PullImage, interleaved over -pull-rounds rounds (3 with
+//     -pull, 1 by default; p50 reported), each pull by a daemon started on an empty
+//     root and removed after (no GC to wait for): crisp, Debian's containerd 1.6,
+//     and containerd 2.x from -containerd2 twice, with the transfer service's
+//     max_concurrent_unpacks at 1 (its default: sequential) and at the number of
+//     cores (parallel: its overlayfs snapshotter has the rebase capability this
+//     needs). containerd 2.x's CRI plugin pulls through the transfer service here:
+//     the registry is configured by a hosts.toml (config_path), not the mirrors
+//     that would switch it to its local pull. For each pull: the wall time of
+//     PullImage, and with a sync after it; the daemon's CPU (utime+stime of it and
+//     of its reaped children, such as containerd's unpigz, from /proc/PID/stat);
+//     its peak RSS (VmHWM, reset through clear_refs before the pull); and the bytes
+//     it dirtied (/proc/PID/io write_bytes less cancelled_write_bytes: counted when
+//     written to the page cache, so before writeback, and without journal or
+//     metadata writes). The floor columns are the same blobs on local disk, each
+//     `pigz -dc | tar -x` (zstd -dc for zstd; gzip -dc, with a warning, without
+//     pigz: apt-get install pigz) into a directory of its own, all at once (floor)
+//     or one after another (floor-seq), then sync. With -pull, -pull-pods (10)
+//     clients at once each run a pod, pull the cold gzip image, and create and start
+//     a `sleep` of it: the time until all run. crisp's ratios are to the lowest
+//     containerd figure (the fastest configuration for times) and to the floor, with
+//     the targets of issue 25 (pull ≤ 0.5× containerd and ≤ 1.3× floor, peak RSS ≤
+//     containerd's, the pods ≤ 0.5× containerd's). -pull-runtimes picks columns;
+//     -pull-rounds -1 skips the part.
 //
 // The pod start breakdown is crisp's alone: criserver serves its Prometheus metrics
 // on a loopback port in every run (-crisp-metrics, on by default, since serving them
@@ -57,6 +91,7 @@
 //
 // Quick runs: BENCHFLAGS='-only crisp -base=false -density 10 -idle 5s -list-calls 20 -nri=false';
 // the NRI cost alone: BENCHFLAGS='-only nri'.
+// The pull benchmark alone at full size: BENCHFLAGS='-only pull -pull'.
 //
 // Runs of one -instance (0 by default) wait for each other (a lock next to their
 // root): they share the root, the bridges, the subnets and the cgroup parents, and
