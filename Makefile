@@ -165,8 +165,9 @@ chaos: deps
 # registry inside the benchmark, the same CNI plugins and the same CRI requests.
 # BENCHFLAGS passes flags, e.g. BENCHFLAGS='-cycles 20 -churn 20s -only crisp';
 # '-density 110' for node density, '-soak' for the soak, '-only nri' for NRI's cost
-# alone (see bench/doc.go).
-BENCH_DEPS := containerd runc $(DEPS)
+# alone, '-only pull -pull' for the full pull benchmark against containerd 1.6 and
+# 2.4 (see bench/doc.go). pigz: the pull floor's gzip, and containerd's unpigz.
+BENCH_DEPS := containerd runc pigz $(DEPS)
 bench: build
 	@if ! dpkg -s $(BENCH_DEPS) >/dev/null 2>&1; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(BENCH_DEPS); \
