@@ -47,7 +47,7 @@
 //     p99 worth reading. The run fails if the plugin answered
 //     fewer than 9 events a timed cycle (it answers 10).
 //   - pull (in every run at a small size; -pull for the full one; -only pull for it
-//     alone): images the benchmark generates (NewPullTree, seeded, ~8-25 s at full
+//     alone): images the benchmark generates (NewPullTree, seeded, 4-25 s at full
 //     size, so not cached): 6 layers, ~25,000 small text-like files (locales, Perl
 //     libraries, a Go tree, docs) and a few large partly compressible ones, ~200 MB
 //     compressed with -pull (-pull-size MB; 20 by default); a gzip and a zstd image
