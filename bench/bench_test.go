@@ -215,19 +215,27 @@ func TestBench(t *testing.T) {
 	fmt.Println("results:", path)
 }
 
-// runOne starts one runtime, measures it and always cleans it up.
-func runOne(ctx context.Context, t *testing.T, start func(context.Context, Spec) (*Daemon, error), spec Spec, busybox string, pulls []string) (res Results, version string, err error) {
+// startRuntime starts one runtime. stop tears it down, also after a failed start (what
+// it got to create): defer it at once. A start's error carries the daemon's log tail.
+func startRuntime(ctx context.Context, t *testing.T, start func(context.Context, Spec) (*Daemon, error), spec Spec) (d *Daemon, stop func(), err error) {
 	t.Logf("%s: starting", spec.Name)
-	d, err := start(ctx, spec)
-	defer func() {
+	d, err = start(ctx, spec)
+	stop = func() {
 		cctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
 		teardown(cctx, t, d, spec)
-	}()
+	}
+	if err != nil && d != nil && d.logFile != nil {
+		err = fmt.Errorf("%w\n%s", err, d.LogTail())
+	}
+	return d, stop, err
+}
+
+// runOne starts one runtime, measures it and always cleans it up.
+func runOne(ctx context.Context, t *testing.T, start func(context.Context, Spec) (*Daemon, error), spec Spec, busybox string, pulls []string) (res Results, version string, err error) {
+	d, stop, err := startRuntime(ctx, t, start, spec)
+	defer stop()
 	if err != nil {
-		if d != nil && d.logFile != nil {
-			err = fmt.Errorf("%w\n%s", err, d.LogTail())
-		}
 		return nil, "", err
 	}
 	if v, verr := d.RT.Version(ctx, &cri.VersionRequest{}); verr == nil {

@@ -280,32 +280,22 @@ func runPull(ctx context.Context, t *testing.T, host, pause, root string) (*Pull
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// startFresh starts a runtime on an empty root; the caller tears it down.
-func startFresh(ctx context.Context, rt pullRuntime) (*Daemon, error) {
+// startFresh starts a runtime on an empty root; stop tears it down (defer it at once).
+func startFresh(ctx context.Context, t *testing.T, rt pullRuntime) (d *Daemon, stop func(), err error) {
 	if err := os.RemoveAll(rt.spec.Dir); err != nil {
-		return nil, err
+		return nil, func() {}, err
 	}
 	if err := os.MkdirAll(rt.spec.Dir, 0o711); err != nil {
-		return nil, err
+		return nil, func() {}, err
 	}
-	d, err := rt.start(ctx, rt.spec)
-	if err != nil && d != nil && d.logFile != nil {
-		err = fmt.Errorf("%w\n%s", err, d.LogTail())
-	}
-	return d, err
-}
-
-func stopFresh(t *testing.T, d *Daemon, rt pullRuntime) {
-	cctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	teardown(cctx, t, d, rt.spec)
+	return startRuntime(ctx, t, rt.start, rt.spec)
 }
 
 // timedPull starts rt on an empty root, times one PullImage of ref and what the
 // daemon used for it, then removes it all.
 func timedPull(ctx context.Context, t *testing.T, rt pullRuntime, ref string) (s pullSample, err error) {
-	d, err := startFresh(ctx, rt)
-	defer stopFresh(t, d, rt)
+	d, stop, err := startFresh(ctx, t, rt)
+	defer stop()
 	if err != nil {
 		return s, err
 	}
@@ -396,8 +386,8 @@ func floor(ctx context.Context, dir string, blobs []GenBlob, parallel bool, gunz
 // of it, as kubelet's pod workers do after a scale-up; it returns the time until all
 // run.
 func coldPods(ctx context.Context, t *testing.T, rt pullRuntime, ref string, n int) (time.Duration, error) {
-	d, err := startFresh(ctx, rt)
-	defer stopFresh(t, d, rt)
+	d, stop, err := startFresh(ctx, t, rt)
+	defer stop()
 	if err != nil {
 		return 0, err
 	}

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -47,17 +46,9 @@ func runNRICost(ctx context.Context, t *testing.T, root string, tmpl Spec, busyb
 		if err := os.MkdirAll(spec.Dir, 0o711); err != nil {
 			return "", err
 		}
-		t.Logf("%s: starting", spec.Name)
-		d, err := StartCrisp(ctx, spec)
-		defer func() {
-			cctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-			defer cancel()
-			teardown(cctx, t, d, spec)
-		}()
+		d, stop, err := startRuntime(ctx, t, StartCrisp, spec)
+		defer stop()
 		if err != nil {
-			if d != nil && d.logFile != nil {
-				err = fmt.Errorf("%w\n%s", err, d.LogTail())
-			}
 			return "", fmt.Errorf("%s: %w", spec.Name, err)
 		}
 		ws = append(ws, &Workload{D: d, Image: busybox})
