@@ -74,16 +74,26 @@ func PPid(pid int) (int, error) {
 }
 
 func parsePPid(stat []byte) (int, error) {
-	// The command name may hold spaces and parentheses: fields start after the last ')'.
-	i := bytes.LastIndexByte(stat, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("malformed stat %q", stat)
-	}
-	f := strings.Fields(string(stat[i+1:]))
-	if len(f) < 2 {
-		return 0, fmt.Errorf("malformed stat %q", stat)
+	f, err := statFields(stat, 2)
+	if err != nil {
+		return 0, err
 	}
 	return strconv.Atoi(f[1])
+}
+
+// statFields returns the fields of a /proc/PID/stat after the command name, which may
+// hold spaces and parentheses (so they start after the last ')'): f[0] is the state.
+// Fewer than want fields is an error.
+func statFields(stat []byte, want int) ([]string, error) {
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return nil, fmt.Errorf("malformed stat %q", stat)
+	}
+	f := strings.Fields(string(stat[i+1:]))
+	if len(f) < want {
+		return nil, fmt.Errorf("malformed stat %q", stat)
+	}
+	return f, nil
 }
 
 // Comm is a process's command name.

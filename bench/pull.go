@@ -3,7 +3,6 @@ package bench
 import (
 	"archive/tar"
 	"bufio"
-	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -524,13 +523,9 @@ func ReadProcSample(pid int) (ProcSample, error) {
 
 // parseTotalCPU is utime+stime+cutime+cstime of a /proc/PID/stat.
 func parseTotalCPU(stat []byte) (time.Duration, error) {
-	i := bytes.LastIndexByte(stat, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("malformed stat %q", stat)
-	}
-	f := strings.Fields(string(stat[i+1:]))
-	if len(f) < 15 {
-		return 0, fmt.Errorf("malformed stat %q", stat)
+	f, err := statFields(stat, 15)
+	if err != nil {
+		return 0, err
 	}
 	var ticks int64
 	for _, s := range f[11:15] {

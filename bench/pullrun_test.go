@@ -75,34 +75,29 @@ func (l blobLayer) Uncompressed() (io.ReadCloser, error) {
 	if err != nil {
 		return nil, err
 	}
+	var r io.Reader
+	closeDecoder := func() {}
 	if l.b.Compression == Zstd {
 		zr, err := zstd.NewReader(f)
 		if err != nil {
 			f.Close()
 			return nil, err
 		}
-		return struct {
-			io.Reader
-			io.Closer
-		}{zr, closeBoth{zr.Close, f}}, nil
-	}
-	zr, err := gzip.NewReader(f)
-	if err != nil {
+		r, closeDecoder = zr, zr.Close
+	} else if r, err = gzip.NewReader(f); err != nil {
 		f.Close()
 		return nil, err
 	}
-	return struct {
-		io.Reader
-		io.Closer
-	}{zr, f}, nil
+	return readCloser{r, func() error { closeDecoder(); return f.Close() }}, nil
 }
 
-type closeBoth struct {
-	first func()
-	f     *os.File
+// readCloser is a decoder over a file, closing both.
+type readCloser struct {
+	io.Reader
+	close func() error
 }
 
-func (c closeBoth) Close() error { c.first(); return c.f.Close() }
+func (r readCloser) Close() error { return r.close() }
 
 // pullRuntime is one runtime column of the pull benchmark.
 type pullRuntime struct {
