@@ -47,11 +47,18 @@ func TestPullUnpacksWhileDownloading(t *testing.T) {
 		err error
 	}
 	done := make(chan result, 1)
+	var pulling sync.WaitGroup
+	pulling.Add(1)
 	go func() {
+		defer pulling.Done()
 		got, err := f.svc.Pull(context.Background(), host+"/stream:v1", nil)
 		done <- result{got, err}
 	}()
-	defer stall.Release()
+	// On a failure too, the pull ends before the fixture's directories are removed.
+	t.Cleanup(func() {
+		stall.Release()
+		pulling.Wait()
+	})
 	snapRoot := filepath.Join(f.root, "images", "snapshots")
 	deadline := time.Now().Add(20 * time.Second)
 	for !findFile(snapRoot, "top-first") {
