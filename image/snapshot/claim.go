@@ -81,9 +81,6 @@ func (s *Snapshotter) claim(ctx context.Context, chainID, parent digest.Digest) 
 	}
 }
 
-// ChainID is the snapshot the claim is for.
-func (c *Claim) ChainID() digest.Digest { return c.chainID }
-
 // Release ends the claim and wakes whoever waits for it. It is idempotent, and a no-op
 // on a nil Claim, so that it can be deferred right after Claim.
 func (c *Claim) Release() {
