@@ -10,16 +10,16 @@ BINDIR    ?= bin
 TAGS      ?= seccomp grpcnotrace nri_no_wasm
 UNITDIR   ?= /etc/systemd/system
 # VERSION is a semantic version, as the CRI's runtime_version must be: the release in
-# version/VERSION on its tag v<release> in a clean tree (0.1.0), else
+# internal/version/VERSION on its tag v<release> in a clean tree (0.1.0), else
 # <release>-dev+<commit> with .dirty for uncommitted changes (0.1.0-dev+4a6c72a1b2c3.dirty),
 # and <release>-dev outside git. A VERSION= given to make must be semver too.
-VERSION   ?= $(shell r=$$(cat version/VERSION); \
+VERSION   ?= $(shell r=$$(cat internal/version/VERSION); \
 	if ! c=$$(git rev-parse --short=12 HEAD 2>/dev/null); then echo "$$r-dev"; exit 0; fi; \
 	d=$$(git --no-optional-locks status --porcelain --untracked-files=no 2>/dev/null | head -c1); \
 	d=$${d:+.dirty}; \
 	if [ -z "$$d" ] && [ "$$(git rev-parse -q --verify "refs/tags/v$$r^{commit}")" = "$$(git rev-parse HEAD)" ]; \
 	then echo "$$r"; else echo "$$r-dev+$$c$$d"; fi)
-LDFLAGS   := -s -w -X github.com/crisp-runtime/crisp/version.Version=$(VERSION)
+LDFLAGS   := -s -w -X github.com/crisp-runtime/crisp/internal/version.Version=$(VERSION)
 GOBUILD   := CGO_ENABLED=1 $(GO) build -trimpath -tags '$(TAGS)' -ldflags '$(LDFLAGS)'
 # The shim is linked statically: every pod runs one shim and one pause process (the shim
 # binary re-executed), and without the dynamic loader neither pays for relocating libc
@@ -77,7 +77,7 @@ criu:
 	hack/criu.sh
 
 # containerd builds containerd 2.4.2 and its runc shim from the Go module proxy into
-# /var/cache/crisp/containerd-v2.4.2 (CONTAINERD_CACHE) for e2e/containerd_test.go; a
+# /var/cache/crisp/containerd-v2.4.2 (CONTAINERD_CACHE) for test/e2e/containerd_test.go; a
 # no-op when the cached binaries are there.
 containerd:
 	hack/containerd.sh
@@ -89,7 +89,7 @@ critest:
 
 # critest-containerd runs critest through containerd 2.4.2 once per runtime handler
 # (runc, crisp-pod, crisp-shim; root, 4-5 minutes) and fails when a spec that passes on runc
-# does not pass on crisp's handlers (e2e/containerd_critest_test.go). critest's output and
+# does not pass on crisp's handlers (test/e2e/containerd_critest_test.go). critest's output and
 # JSON reports go to CRITEST_OUT; CRITEST_HANDLERS and CRITEST_FOCUS (a ginkgo regexp)
 # narrow the run.
 CRITEST_OUT      ?= $(BINDIR)/critest
@@ -99,10 +99,10 @@ critest-containerd: deps containerd critest
 	CRISP_CRITEST=1 CRISP_CRITEST_OUT='$(abspath $(CRITEST_OUT))' \
 		CRISP_CRITEST_HANDLERS='$(CRITEST_HANDLERS)' CRISP_CRITEST_FOCUS='$(CRITEST_FOCUS)' \
 		CGO_ENABLED=1 $(GO) test -tags '$(TAGS)' -count=1 -p 1 -timeout 120m \
-		-run '^TestE2EContainerdCritest$$' -v ./e2e/
+		-run '^TestE2EContainerdCritest$$' -v ./test/e2e/
 
 # gvisor builds runsc and containerd-shim-runsc-v1 (hack/gvisor.sh, two documented
-# patches) into /var/cache/crisp/gvisor-<version> (GVISOR_CACHE) for e2e/gvisor_test.go;
+# patches) into /var/cache/crisp/gvisor-<version> (GVISOR_CACHE) for test/e2e/gvisor_test.go;
 # a no-op when the cached binaries are there.
 gvisor:
 	hack/gvisor.sh
@@ -135,7 +135,7 @@ NODE_DIR          ?= $(BINDIR)/node
 NODE_OLD_REV      ?= 298699c86fbac485b3a51c949490fc6261979132
 NODE_DRIVERS      ?= systemd cgroupfs
 NODE_TEST_TIMEOUT ?= 25m
-NODE_PKG          ?= ./e2e
+NODE_PKG          ?= ./test/e2e
 NODE_RUN          ?= ^TestNode
 NODE_PARALLEL     ?= 1
 NODE_DEPS         := qemu-system-x86 qemu-utils mmdebstrap
@@ -150,14 +150,14 @@ test-node:
 		NODE_PKG='$(NODE_PKG)' NODE_RUN='$(NODE_RUN)' NODE_PARALLEL='$(NODE_PARALLEL)' \
 		hack/nodevm/test-node.sh $(NODE_DIR) $(NODE_OLD_REV)
 
-# chaos runs the fault-injection suite (e2e/chaos_test.go and e2e/leaks_test.go; root)
+# chaos runs the fault-injection suite (test/e2e/chaos_test.go and test/e2e/leaks_test.go; root)
 # bigger than `make test` runs it: CHAOS_SCALE=5 means 6 clients cycling pods while
 # criserver is killed 25 times, 10 shims killed, 30 kills during CreateContainer and
 # 30 during PullImage, leak accounting after each. CHAOSFLAGS passes more flags, e.g.
-# CHAOSFLAGS='-chaos.kills=100 -chaos.kill-max=20s' (see `go test ./e2e -args -h`).
+# CHAOSFLAGS='-chaos.kills=100 -chaos.kill-max=20s' (see `go test ./test/e2e -args -h`).
 CHAOS_SCALE ?= 5
 chaos: deps
-	CGO_ENABLED=1 $(GO) test -tags '$(TAGS)' -count=1 -p 1 -run 'TestE2EChaos' -v -timeout 60m ./e2e/ \
+	CGO_ENABLED=1 $(GO) test -tags '$(TAGS)' -count=1 -p 1 -run 'TestE2EChaos' -v -timeout 60m ./test/e2e/ \
 		-args -chaos.scale=$(CHAOS_SCALE) $(CHAOSFLAGS)
 
 # bench compares crisp with Debian's containerd 1.6 on this machine (root; ~9 min):
@@ -166,15 +166,15 @@ chaos: deps
 # BENCHFLAGS passes flags, e.g. BENCHFLAGS='-cycles 20 -churn 20s -only crisp';
 # '-density 110' for node density, '-soak' for the soak, '-only nri' for NRI's cost
 # alone, '-only pull -pull' for the full pull benchmark against containerd 1.6 and
-# 2.4 (see bench/doc.go). pigz: the pull floor's gzip, and containerd's unpigz.
+# 2.4 (see test/bench/doc.go). pigz: the pull floor's gzip, and containerd's unpigz.
 BENCH_DEPS := containerd runc pigz $(DEPS)
 bench: build
 	@if ! dpkg -s $(BENCH_DEPS) >/dev/null 2>&1; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(BENCH_DEPS); \
 	fi
-	CGO_ENABLED=1 $(GO) test -c -tags '$(TAGS) bench' -o $(BINDIR)/crisp-bench ./bench
-	cd bench && ../$(BINDIR)/crisp-bench -test.run '^TestBench$$' -test.v -test.timeout 90m \
-		-bin $(CURDIR)/$(BINDIR) -results $(CURDIR)/bench/results $(BENCHFLAGS)
+	CGO_ENABLED=1 $(GO) test -c -tags '$(TAGS) bench' -o $(BINDIR)/crisp-bench ./test/bench
+	cd test/bench && $(CURDIR)/$(BINDIR)/crisp-bench -test.run '^TestBench$$' -test.v -test.timeout 90m \
+		-bin $(CURDIR)/$(BINDIR) -results $(CURDIR)/test/bench/results $(BENCHFLAGS)
 
 # print-version prints the version the binaries get (see VERSION above).
 .PHONY: print-version

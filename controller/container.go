@@ -20,8 +20,8 @@ import (
 
 	options "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/api/shimapi"
-	"github.com/crisp-runtime/crisp/atomicfile"
-	"github.com/crisp-runtime/crisp/mount"
+	"github.com/crisp-runtime/crisp/internal/atomicfile"
+	"github.com/crisp-runtime/crisp/internal/mount"
 )
 
 // Type URLs containerd's typeurl gives OCI types, so any task-API shim understands ours.

@@ -18,11 +18,11 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	options "github.com/crisp-runtime/crisp/api/options/v1"
-	"github.com/crisp-runtime/crisp/config"
-	"github.com/crisp-runtime/crisp/metrics"
-	"github.com/crisp-runtime/crisp/netns"
-	"github.com/crisp-runtime/crisp/network"
-	"github.com/crisp-runtime/crisp/store"
+	"github.com/crisp-runtime/crisp/internal/config"
+	"github.com/crisp-runtime/crisp/internal/metrics"
+	"github.com/crisp-runtime/crisp/internal/network"
+	"github.com/crisp-runtime/crisp/internal/network/netns"
+	"github.com/crisp-runtime/crisp/internal/store"
 	"github.com/crisp-runtime/crisp/tasksandbox"
 )
 

@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/crisp-runtime/crisp/metrics"
+	"github.com/crisp-runtime/crisp/internal/metrics"
 	"github.com/crisp-runtime/crisp/tasksandbox"
 )
 

@@ -20,7 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/crisp-runtime/crisp/proc"
+	"github.com/crisp-runtime/crisp/internal/proc"
 )
 
 // shimCall carries what every invocation of a shim binary needs.

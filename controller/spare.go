@@ -17,7 +17,7 @@ import (
 	sandboxapi "github.com/containerd/containerd/api/runtime/sandbox/v1"
 	"github.com/containerd/ttrpc"
 
-	"github.com/crisp-runtime/crisp/config"
+	"github.com/crisp-runtime/crisp/internal/config"
 	"github.com/crisp-runtime/crisp/tasksandbox"
 )
 

@@ -1,13 +1,14 @@
 package controller
 
 import (
+	"github.com/crisp-runtime/crisp/internal/testutil"
+
 	"context"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"syscall"
 	"testing"
@@ -15,8 +16,8 @@ import (
 
 	sandboxapi "github.com/containerd/containerd/api/runtime/sandbox/v1"
 
-	"github.com/crisp-runtime/crisp/config"
-	"github.com/crisp-runtime/crisp/store"
+	"github.com/crisp-runtime/crisp/internal/config"
+	"github.com/crisp-runtime/crisp/internal/store"
 )
 
 // testShimDir is where testShim built the shim; TestMain removes it.
@@ -41,10 +42,9 @@ var testShim = sync.OnceValues(func() (string, error) {
 		return "", err
 	}
 	testShimDir = dir
-	_, file, _, _ := runtime.Caller(0)
 	bin := filepath.Join(dir, "shim-runc")
 	cmd := exec.Command("go", "build", "-tags", "seccomp grpcnotrace", "-o", bin, "./cmd/shim-runc")
-	cmd.Dir = filepath.Dir(filepath.Dir(file))
+	cmd.Dir = testutil.RepoRoot()
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build shim-runc: %v\n%s", err, out)
 	}

@@ -7,10 +7,11 @@ import (
 	cg1 "github.com/containerd/cgroups/v3/cgroup1/stats"
 	cg2 "github.com/containerd/cgroups/v3/cgroup2/stats"
 	"github.com/containerd/errdefs"
-	"github.com/crisp-runtime/crisp/cgstats"
-	"github.com/crisp-runtime/crisp/cgstats/v2test"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/crisp-runtime/crisp/internal/cgstats"
+	"github.com/crisp-runtime/crisp/internal/cgstats/v2test"
 )
 
 func packAs(t *testing.T, url string, m proto.Message) *anypb.Any {

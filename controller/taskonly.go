@@ -7,7 +7,7 @@ import (
 	taskapi "github.com/containerd/containerd/api/runtime/task/v3"
 
 	options "github.com/crisp-runtime/crisp/api/options/v1"
-	"github.com/crisp-runtime/crisp/config"
+	"github.com/crisp-runtime/crisp/internal/config"
 	"github.com/crisp-runtime/crisp/tasksandbox"
 )
 

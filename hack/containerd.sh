@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds containerd 2.4.2, its runc shim and runc 1.5.2 for e2e/containerd_test.go,
+# Builds containerd 2.4.2, its runc shim and runc 1.5.2 for test/e2e/containerd_test.go,
 # which runs crisp's shim under containerd 2.x (sandboxer "shim" and "podsandbox") and
-# compares it with containerd's own runc shim, and for e2e/taskshim_test.go, which runs
+# compares it with containerd's own runc shim, and for test/e2e/taskshim_test.go, which runs
 # pods on containerd-shim-runc-v2 as a task-only runtime handler of crisp.
 #
 # Why built: Debian 12 packages containerd 1.6, which has no sandbox API. The binaries
@@ -25,7 +25,7 @@ PKG=github.com/containerd/containerd/v2
 export PATH="$PATH:/usr/local/go/bin"
 if [ "$(id -u)" -ne 0 ]; then
 	# The test needs root and skips without it; so does installing runc and the cache.
-	echo "hack/containerd.sh: not root, containerd $VERSION not built (e2e/containerd_test.go will skip)" >&2
+	echo "hack/containerd.sh: not root, containerd $VERSION not built (test/e2e/containerd_test.go will skip)" >&2
 	exit 0
 fi
 if ! command -v runc >/dev/null; then

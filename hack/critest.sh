@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds critest, the CRI validation suite of cri-tools, for e2e/containerd_critest_test.go,
+# Builds critest, the CRI validation suite of cri-tools, for test/e2e/containerd_critest_test.go,
 # which runs it through containerd 2.4.2's CRI socket once per runtime handler (runc,
 # crisp-pod, crisp-shim) and compares the results.
 #

@@ -10,11 +10,12 @@ import (
 	"path/filepath"
 	"strings"
 
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	taskapi "github.com/crisp-runtime/crisp/api/containerd/task/v3"
 	"github.com/crisp-runtime/crisp/shim/sandbox"
 	"github.com/crisp-runtime/crisp/shim/task"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 // Delete implements `shim-runc delete`: clean up after a dead shim (its containers'

@@ -14,13 +14,14 @@ import (
 	"time"
 
 	"github.com/containerd/ttrpc"
+	"golang.org/x/sys/unix"
+
 	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
 	"github.com/crisp-runtime/crisp/shim/events"
 	"github.com/crisp-runtime/crisp/shim/pause"
 	"github.com/crisp-runtime/crisp/shim/reaper"
 	"github.com/crisp-runtime/crisp/shim/sandbox"
 	"github.com/crisp-runtime/crisp/shim/task"
-	"golang.org/x/sys/unix"
 )
 
 // listenerFD is where `start` hands the listening socket to the serving shim.

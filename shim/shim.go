@@ -9,10 +9,11 @@ import (
 	"path/filepath"
 	"runtime"
 
-	"github.com/crisp-runtime/crisp/api/containerd/types"
-	"github.com/crisp-runtime/crisp/version"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/crisp-runtime/crisp/api/containerd/types"
+	"github.com/crisp-runtime/crisp/internal/version"
 )
 
 // RuntimeName is what -info reports as the runtime's name.

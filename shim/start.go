@@ -19,7 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/crisp-runtime/crisp/api/annotations"
-	"github.com/crisp-runtime/crisp/atomicfile"
+	"github.com/crisp-runtime/crisp/internal/atomicfile"
 	"github.com/crisp-runtime/crisp/shim/sandbox"
 )
 

@@ -13,7 +13,7 @@ import (
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
-	"github.com/crisp-runtime/crisp/fifoio"
+	"github.com/crisp-runtime/crisp/internal/fifoio"
 )
 
 // OpenIO makes the stdio FIFOs of container id in its bundle and starts copying its

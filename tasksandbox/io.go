@@ -14,8 +14,8 @@ import (
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
-	"github.com/crisp-runtime/crisp/crilog"
-	"github.com/crisp-runtime/crisp/fifoio"
+	"github.com/crisp-runtime/crisp/internal/crilog"
+	"github.com/crisp-runtime/crisp/internal/fifoio"
 )
 
 // A task-only shim copies a container's output to the FIFOs it is given and knows

@@ -8,7 +8,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/crisp-runtime/crisp/config"
+	"github.com/crisp-runtime/crisp/internal/config"
 )
 
 // Config is what the task-only sandboxer needs of criserver's setup.

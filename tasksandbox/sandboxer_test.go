@@ -8,7 +8,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/crisp-runtime/crisp/config"
+	"github.com/crisp-runtime/crisp/internal/config"
 )
 
 func newTestSandboxer(t *testing.T) *Sandboxer {

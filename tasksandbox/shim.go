@@ -16,7 +16,7 @@ import (
 	taskapi "github.com/containerd/containerd/api/runtime/task/v3"
 	"golang.org/x/sys/unix"
 
-	"github.com/crisp-runtime/crisp/fifoio"
+	"github.com/crisp-runtime/crisp/internal/fifoio"
 )
 
 // bootstrapFile is where criserver records a task-only shim's start answer, as

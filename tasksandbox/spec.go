@@ -21,7 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	options "github.com/crisp-runtime/crisp/api/options/v1"
-	"github.com/crisp-runtime/crisp/config"
+	"github.com/crisp-runtime/crisp/internal/config"
 )
 
 // pauseUID is the user the pause container runs as: registry.k8s.io/pause's, which

@@ -14,7 +14,7 @@ import (
 
 	criann "github.com/crisp-runtime/crisp/api/annotations"
 	options "github.com/crisp-runtime/crisp/api/options/v1"
-	"github.com/crisp-runtime/crisp/config"
+	"github.com/crisp-runtime/crisp/internal/config"
 )
 
 func TestRuntimeOptions(t *testing.T) {

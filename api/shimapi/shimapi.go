@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/containerd/ttrpc"
+
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
 )
 

@@ -8,9 +8,10 @@ import (
 	"time"
 
 	"github.com/containerd/ttrpc"
-	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
 )
 
 type fake struct{ reopened []string }

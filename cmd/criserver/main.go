@@ -10,10 +10,10 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/crisp-runtime/crisp/config"
-	"github.com/crisp-runtime/crisp/daemon"
-	"github.com/crisp-runtime/crisp/preflight"
-	"github.com/crisp-runtime/crisp/version"
+	"github.com/crisp-runtime/crisp/internal/config"
+	"github.com/crisp-runtime/crisp/internal/daemon"
+	"github.com/crisp-runtime/crisp/internal/preflight"
+	"github.com/crisp-runtime/crisp/internal/version"
 )
 
 func main() {

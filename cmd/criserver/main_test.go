@@ -3,7 +3,7 @@ package main
 import (
 	"testing"
 
-	"github.com/crisp-runtime/crisp/config"
+	"github.com/crisp-runtime/crisp/internal/config"
 )
 
 // TestPackagedConfig: /etc/crisp/config.toml as the Debian package installs it loads,

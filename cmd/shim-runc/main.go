@@ -10,9 +10,11 @@ import (
 	"os"
 
 	clog "github.com/containerd/log"
+	"github.com/opencontainers/runc/libcontainer"
+
 	"github.com/crisp-runtime/crisp/shim"
 	"github.com/crisp-runtime/crisp/shim/task"
-	"github.com/opencontainers/runc/libcontainer"
+
 	// Its C constructor joins namespaces before the Go runtime starts when libcontainer
 	// re-executes this binary as a container's init.
 	_ "github.com/opencontainers/runc/libcontainer/nsenter"

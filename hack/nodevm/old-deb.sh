@@ -37,7 +37,7 @@ if ! grep -q '^deb:' "$tmp/src/Makefile"; then
 	echo "old-deb.sh: $rev ($commit) has no 'make deb' (added in 298699c)" >&2
 	exit 1
 fi
-release=$(cat "$tmp/src/version/VERSION")
+release=$(cat "$tmp/src/internal/version/VERSION" 2>/dev/null || cat "$tmp/src/version/VERSION")
 date=$(TZ=UTC git -C "$repo" show -s --format=%cd --date=format-local:%Y%m%d%H%M%S "$commit")
 version=$release-dev-$date+${commit:0:12}
 echo "old-deb.sh: building crisp $version from $commit" >&2

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test-node.sh NODE_DIR OLD_REV: the node VM half of `make test-node`. NODE_DIR holds
 # what the Makefile built: deb/crisp_<version>_<arch>.deb (make deb) and node.test
-# (go test -c of NODE_PKG, ./e2e, whose tests NODE_RUN, ^TestNode, picks). OLD_REV is
+# (go test -c of NODE_PKG, ./test/e2e, whose tests NODE_RUN, ^TestNode, picks). OLD_REV is
 # the commit whose package the upgrade tests start from (nodevm/old-deb.sh builds and
 # caches it; its version must sort below this one).
 #
@@ -28,7 +28,7 @@ repo=$(cd "$hack/.." && pwd)
 drivers=${NODE_DRIVERS:-systemd cgroupfs}
 test_timeout=${NODE_TEST_TIMEOUT:-25m}
 parallel=${NODE_PARALLEL:-1}
-pkg=${NODE_PKG:-./e2e}
+pkg=${NODE_PKG:-./test/e2e}
 run=${NODE_RUN-^TestNode}
 
 log() { echo "test-node: $*" >&2; }

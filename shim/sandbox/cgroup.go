@@ -8,8 +8,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/crisp-runtime/crisp/cgstats"
 	"github.com/opencontainers/cgroups"
+
+	"github.com/crisp-runtime/crisp/internal/cgstats"
+
 	// Registers the device-rule backend that the v1 devices controller needs.
 	_ "github.com/opencontainers/cgroups/devices"
 	"github.com/opencontainers/cgroups/manager"

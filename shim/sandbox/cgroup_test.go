@@ -4,11 +4,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/crisp-runtime/crisp/cgstats"
 	"github.com/opencontainers/cgroups"
 	cgsystemd "github.com/opencontainers/cgroups/systemd"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/crisp-runtime/crisp/internal/cgstats"
 )
 
 // TestCgroupConfig checks the pod cgroup crisp makes for each driver and cgroup_parent:

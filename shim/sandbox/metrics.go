@@ -5,12 +5,13 @@ import (
 	"errors"
 	"time"
 
-	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
-	"github.com/crisp-runtime/crisp/api/containerd/types"
-	"github.com/crisp-runtime/crisp/cgstats"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
+
+	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
+	"github.com/crisp-runtime/crisp/api/containerd/types"
+	"github.com/crisp-runtime/crisp/internal/cgstats"
 )
 
 // SandboxMetrics reports the pod's cgroup metrics (see CgroupConfig.metricsPath for

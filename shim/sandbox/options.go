@@ -6,13 +6,14 @@ import (
 	"path/filepath"
 	"strings"
 
-	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
-	"github.com/crisp-runtime/crisp/podfiles"
-	"github.com/crisp-runtime/crisp/shim/pause"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
+	"github.com/crisp-runtime/crisp/internal/podfiles"
+	"github.com/crisp-runtime/crisp/shim/pause"
 )
 
 // podSpec is the validated form of a CreateSandboxRequest.

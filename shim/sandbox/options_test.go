@@ -8,11 +8,12 @@ import (
 	"syscall"
 	"testing"
 
-	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
-	"github.com/crisp-runtime/crisp/shim/pause"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
+	"github.com/crisp-runtime/crisp/shim/pause"
 )
 
 func userns(ctr, host, size uint32) *optionsv1.UserNamespace {

@@ -7,7 +7,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
-	"github.com/crisp-runtime/crisp/podfiles"
+	"github.com/crisp-runtime/crisp/internal/podfiles"
 )
 
 // podSandboxConfigName is the CRI message containerd ≥ 2.0's shim sandboxer puts in

@@ -5,13 +5,14 @@ import (
 	"strings"
 	"testing"
 
-	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
-	"github.com/crisp-runtime/crisp/podfiles"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
+	"github.com/crisp-runtime/crisp/internal/podfiles"
 )
 
 // fullPodConfig sets every PodSandboxConfig field the shim skips too, so that a wrong

@@ -12,16 +12,17 @@ import (
 	"sync"
 	"time"
 
-	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
-	"github.com/crisp-runtime/crisp/api/containerd/types"
-	"github.com/crisp-runtime/crisp/cgstats"
-	"github.com/crisp-runtime/crisp/podfiles"
-	"github.com/crisp-runtime/crisp/proc"
-	"github.com/crisp-runtime/crisp/shim/pause"
 	"github.com/opencontainers/cgroups"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
+
+	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
+	"github.com/crisp-runtime/crisp/api/containerd/types"
+	"github.com/crisp-runtime/crisp/internal/cgstats"
+	"github.com/crisp-runtime/crisp/internal/podfiles"
+	"github.com/crisp-runtime/crisp/internal/proc"
+	"github.com/crisp-runtime/crisp/shim/pause"
 )
 
 // Sandbox states reported by SandboxStatus, as containerd's CRI spells them.

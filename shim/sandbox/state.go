@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/crisp-runtime/crisp/atomicfile"
+	"github.com/crisp-runtime/crisp/internal/atomicfile"
 )
 
 // StateFile is the name of the sandbox record in the bundle.

@@ -7,11 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	taskapi "github.com/crisp-runtime/crisp/api/containerd/task/v3"
 	tasktypes "github.com/crisp-runtime/crisp/api/containerd/types/task"
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // stdinMarker is what the controller sends as CreateTaskRequest.stdin for a container

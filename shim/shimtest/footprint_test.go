@@ -10,9 +10,10 @@ import (
 	"testing"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
 	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
 	taskapi "github.com/crisp-runtime/crisp/api/containerd/task/v3"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // shimMem is one reading of a shim's footprint.

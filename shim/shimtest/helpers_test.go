@@ -18,13 +18,14 @@ import (
 
 	bootstrap "github.com/containerd/containerd/api/runtime/bootstrap/v1"
 	"github.com/containerd/ttrpc"
-	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
-	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
-	"github.com/crisp-runtime/crisp/shim/sandbox"
-	"github.com/crisp-runtime/crisp/version"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
+	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
+	"github.com/crisp-runtime/crisp/internal/version"
+	"github.com/crisp-runtime/crisp/shim/sandbox"
 )
 
 // shimBin is the binary under test, built once by TestMain.

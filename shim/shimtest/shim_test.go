@@ -18,18 +18,19 @@ import (
 
 	bootstrap "github.com/containerd/containerd/api/runtime/bootstrap/v1"
 	"github.com/containerd/containerd/api/types/runc/options"
-	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
-	taskapi "github.com/crisp-runtime/crisp/api/containerd/task/v3"
-	"github.com/crisp-runtime/crisp/api/containerd/types"
-	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
-	"github.com/crisp-runtime/crisp/shim/sandbox"
-	"github.com/crisp-runtime/crisp/version"
 	"github.com/opencontainers/runtime-spec/specs-go/features"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
+	taskapi "github.com/crisp-runtime/crisp/api/containerd/task/v3"
+	"github.com/crisp-runtime/crisp/api/containerd/types"
+	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
+	"github.com/crisp-runtime/crisp/internal/version"
+	"github.com/crisp-runtime/crisp/shim/sandbox"
 )
 
 // TestStart covers both start protocols: what is printed, where the socket lives, that it

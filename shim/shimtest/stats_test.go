@@ -12,12 +12,13 @@ import (
 	cgroups "github.com/containerd/cgroups/v3"
 	cg1 "github.com/containerd/cgroups/v3/cgroup1/stats"
 	cg2 "github.com/containerd/cgroups/v3/cgroup2/stats"
-	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
-	taskapi "github.com/crisp-runtime/crisp/api/containerd/task/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
+	taskapi "github.com/crisp-runtime/crisp/api/containerd/task/v3"
 )
 
 // cgSample is what the tests compare: cumulative CPU ns, memory usage bytes, pids.

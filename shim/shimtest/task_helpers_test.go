@@ -16,15 +16,16 @@ import (
 	"testing"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/types/known/anypb"
+
 	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
 	taskapi "github.com/crisp-runtime/crisp/api/containerd/task/v3"
 	"github.com/crisp-runtime/crisp/api/containerd/types"
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/api/shimapi"
-	"github.com/crisp-runtime/crisp/mount"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
-	"golang.org/x/sys/unix"
-	"google.golang.org/protobuf/types/known/anypb"
+	"github.com/crisp-runtime/crisp/internal/mount"
 )
 
 // busyboxLower is a directory with Debian's busybox-static and its applets: the lower

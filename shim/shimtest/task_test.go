@@ -13,16 +13,17 @@ import (
 	"testing"
 	"time"
 
-	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
-	taskapi "github.com/crisp-runtime/crisp/api/containerd/task/v3"
-	tasktypes "github.com/crisp-runtime/crisp/api/containerd/types/task"
-	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/emptypb"
+
+	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
+	taskapi "github.com/crisp-runtime/crisp/api/containerd/task/v3"
+	tasktypes "github.com/crisp-runtime/crisp/api/containerd/types/task"
+	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
 )
 
 // TestTaskLogsAndExitCode runs a container that writes to both streams and exits 3: the

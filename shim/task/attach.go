@@ -7,9 +7,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/crisp-runtime/crisp/crilog"
-	"github.com/crisp-runtime/crisp/fifoio"
 	"golang.org/x/sys/unix"
+
+	"github.com/crisp-runtime/crisp/internal/crilog"
+	"github.com/crisp-runtime/crisp/internal/fifoio"
 )
 
 const (

@@ -8,11 +8,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/crisp-runtime/crisp/cgstats"
-	"github.com/crisp-runtime/crisp/cgstats/v2test"
 	"github.com/opencontainers/cgroups"
 	"github.com/opencontainers/cgroups/fs2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/crisp-runtime/crisp/internal/cgstats"
+	"github.com/crisp-runtime/crisp/internal/cgstats/v2test"
 )
 
 // memoryEvents is memory.events as a v2 kernel writes it.

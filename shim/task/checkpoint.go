@@ -13,15 +13,16 @@ import (
 	"strings"
 	"time"
 
-	taskv3 "github.com/crisp-runtime/crisp/api/containerd/task/v3"
-	taskapi "github.com/crisp-runtime/crisp/api/containerd/types/task"
-	"github.com/crisp-runtime/crisp/shim/events"
 	"github.com/opencontainers/runc/libcontainer"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/emptypb"
+
+	taskv3 "github.com/crisp-runtime/crisp/api/containerd/task/v3"
+	taskapi "github.com/crisp-runtime/crisp/api/containerd/types/task"
+	"github.com/crisp-runtime/crisp/shim/events"
 )
 
 // CheckpointOptionsTypeURL is the type of the options Checkpoint accepts: containerd's

@@ -12,11 +12,12 @@ import (
 	"syscall"
 	"time"
 
-	taskapi "github.com/crisp-runtime/crisp/api/containerd/types/task"
-	"github.com/crisp-runtime/crisp/cgstats"
-	"github.com/crisp-runtime/crisp/crilog"
 	"github.com/opencontainers/cgroups"
 	"golang.org/x/sys/unix"
+
+	taskapi "github.com/crisp-runtime/crisp/api/containerd/types/task"
+	"github.com/crisp-runtime/crisp/internal/cgstats"
+	"github.com/crisp-runtime/crisp/internal/crilog"
 )
 
 // Timeouts of the exit path.

@@ -12,13 +12,14 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/crisp-runtime/crisp/cgstats"
-	"github.com/crisp-runtime/crisp/mount"
 	"github.com/opencontainers/runc/libcontainer"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/crisp-runtime/crisp/internal/cgstats"
+	"github.com/crisp-runtime/crisp/internal/mount"
 )
 
 // RunHelper is `shim-runc _task ACTION ID` (see HelperArg): it decodes the request from

@@ -7,11 +7,12 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	taskv3 "github.com/crisp-runtime/crisp/api/containerd/task/v3"
 	"github.com/crisp-runtime/crisp/api/containerd/types"
 	"github.com/crisp-runtime/crisp/shim/reaper"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // fakeHelper writes an executable that stands in for the task helper: it records its

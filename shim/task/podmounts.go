@@ -10,8 +10,8 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/crisp-runtime/crisp/api/annotations"
-	"github.com/crisp-runtime/crisp/atomicfile"
-	"github.com/crisp-runtime/crisp/podfiles"
+	"github.com/crisp-runtime/crisp/internal/atomicfile"
+	"github.com/crisp-runtime/crisp/internal/podfiles"
 )
 
 // Container paths of the pod's files.

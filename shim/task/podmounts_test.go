@@ -10,7 +10,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/crisp-runtime/crisp/api/annotations"
-	"github.com/crisp-runtime/crisp/podfiles"
+	"github.com/crisp-runtime/crisp/internal/podfiles"
 )
 
 func TestAddPodMounts(t *testing.T) {

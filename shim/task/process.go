@@ -9,8 +9,9 @@ import (
 	"syscall"
 	"time"
 
-	taskapi "github.com/crisp-runtime/crisp/api/containerd/types/task"
 	"golang.org/x/sys/unix"
+
+	taskapi "github.com/crisp-runtime/crisp/api/containerd/types/task"
 )
 
 // process is a container's init or one of its execs.

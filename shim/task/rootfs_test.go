@@ -5,7 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/crisp-runtime/crisp/mount"
+	"github.com/crisp-runtime/crisp/internal/mount"
 )
 
 // TestChownedFor: a snapshot whose writable layer belongs to the user namespace's root

@@ -16,15 +16,17 @@ import (
 	"time"
 
 	"github.com/containerd/ttrpc"
+
 	taskv3 "github.com/crisp-runtime/crisp/api/containerd/task/v3"
 	taskapi "github.com/crisp-runtime/crisp/api/containerd/types/task"
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/api/shimapi"
-	"github.com/crisp-runtime/crisp/crilog"
-	"github.com/crisp-runtime/crisp/podfiles"
+	"github.com/crisp-runtime/crisp/internal/crilog"
+	"github.com/crisp-runtime/crisp/internal/podfiles"
+	"github.com/crisp-runtime/crisp/internal/version"
 	"github.com/crisp-runtime/crisp/shim/events"
 	"github.com/crisp-runtime/crisp/shim/reaper"
-	"github.com/crisp-runtime/crisp/version"
+
 	// Registers the device-rule backend that the cgroup v1 devices controller needs.
 	_ "github.com/opencontainers/cgroups/devices"
 	specs "github.com/opencontainers/runtime-spec/specs-go"

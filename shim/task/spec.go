@@ -9,13 +9,14 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/crisp-runtime/crisp/mount"
 	"github.com/opencontainers/cgroups"
 	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runc/libcontainer/configs"
 	"github.com/opencontainers/runc/libcontainer/specconv"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/crisp-runtime/crisp/internal/mount"
 )
 
 // specFile is the OCI runtime spec the caller writes into the bundle.

@@ -8,9 +8,10 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/crisp-runtime/crisp/mount"
 	"github.com/opencontainers/runc/libcontainer"
 	"golang.org/x/sys/unix"
+
+	"github.com/crisp-runtime/crisp/internal/mount"
 )
 
 // CleanupDead kills and removes every container recorded under root, the libcontainer

@@ -5,7 +5,7 @@ import (
 	"errors"
 
 	taskv3 "github.com/crisp-runtime/crisp/api/containerd/task/v3"
-	"github.com/crisp-runtime/crisp/cgstats"
+	"github.com/crisp-runtime/crisp/internal/cgstats"
 )
 
 // Stats reports the container's cgroup metrics as containerd's runc shim does: an

@@ -11,9 +11,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/crisp-runtime/crisp/crilog"
-	"github.com/crisp-runtime/crisp/fifoio"
 	"golang.org/x/sys/unix"
+
+	"github.com/crisp-runtime/crisp/internal/crilog"
+	"github.com/crisp-runtime/crisp/internal/fifoio"
 )
 
 // ioConfig says where a process's stdio goes.

@@ -13,14 +13,15 @@ import (
 	"testing"
 	"time"
 
-	taskv3 "github.com/crisp-runtime/crisp/api/containerd/task/v3"
-	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
-	"github.com/crisp-runtime/crisp/fifoio"
-	"github.com/crisp-runtime/crisp/shim/reaper"
 	"github.com/opencontainers/cgroups"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	taskv3 "github.com/crisp-runtime/crisp/api/containerd/task/v3"
+	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
+	"github.com/crisp-runtime/crisp/internal/fifoio"
+	"github.com/crisp-runtime/crisp/shim/reaper"
 )
 
 func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

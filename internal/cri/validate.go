@@ -1,0 +1,169 @@
+package cri
+
+import (
+	"math"
+	"net"
+	"path"
+	"strings"
+	"time"
+
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/crisp-runtime/crisp/internal/config"
+	"github.com/crisp-runtime/crisp/internal/cri/spec"
+)
+
+// maxHostname is the kernel's limit on a UTS hostname.
+const maxHostname = 64
+
+// maxTimeoutSeconds is the longest timeout, in seconds, a time.Duration holds (about
+// 292 years).
+const maxTimeoutSeconds = int64(math.MaxInt64 / time.Second)
+
+// criTimeout converts a CRI timeout in seconds (ExecSync, StopContainer,
+// CheckpointContainer) to a time.Duration. A plain time.Duration(s)*time.Second
+// overflows past maxTimeoutSeconds: math.MaxInt64 wraps to -1s, an instant timeout
+// where the caller meant "effectively none". Longer timeouts become the longest
+// Duration instead. Zero and negative timeouts are 0, the CRI's default, which each
+// caller gives its meaning (no limit for ExecSync, an immediate SIGKILL for
+// StopContainer), as containerd treats negative ones.
+func criTimeout(seconds int64) time.Duration {
+	switch {
+	case seconds <= 0:
+		return 0
+	case seconds > maxTimeoutSeconds:
+		return math.MaxInt64
+	}
+	return time.Duration(seconds) * time.Second
+}
+
+// validatePodConfig checks what kubelet can get wrong before anything is created.
+func validatePodConfig(cfg *runtime.PodSandboxConfig, cgroupDriver string) error {
+	if cfg == nil {
+		return invalid("pod sandbox config is required")
+	}
+	md := cfg.GetMetadata()
+	if md == nil {
+		return invalid("pod sandbox config has no metadata: name, namespace and uid are required")
+	}
+	for field, v := range map[string]string{"name": md.GetName(), "namespace": md.GetNamespace(), "uid": md.GetUid()} {
+		if v == "" {
+			return invalid("pod sandbox metadata.%s is empty", field)
+		}
+		if strings.ContainsAny(v, "/\x00") || v == "." || v == ".." {
+			return invalid("pod sandbox metadata.%s %q must not contain '/' or NUL or be '.' or '..'", field, v)
+		}
+	}
+	if h := cfg.GetHostname(); len(h) > maxHostname || strings.ContainsAny(h, "/\x00 ") {
+		return invalid("hostname %q must be at most %d characters without '/', spaces or NUL", h, maxHostname)
+	}
+	if dns := cfg.GetDnsConfig(); dns != nil {
+		for _, s := range dns.GetServers() {
+			if net.ParseIP(s) == nil {
+				return invalid("dns_config.servers: %q is not an IP address", s)
+			}
+		}
+		for _, s := range append(append([]string{}, dns.GetSearches()...), dns.GetOptions()...) {
+			if s == "" || strings.ContainsAny(s, " \t\n") {
+				return invalid("dns_config: search or option %q must be one non-empty word", s)
+			}
+		}
+	}
+	for _, pm := range cfg.GetPortMappings() {
+		if pm.GetContainerPort() <= 0 || pm.GetContainerPort() > 65535 {
+			return invalid("port_mappings: container_port %d is out of range 1-65535", pm.GetContainerPort())
+		}
+		if pm.GetHostPort() < 0 || pm.GetHostPort() > 65535 {
+			return invalid("port_mappings: host_port %d is out of range 0-65535", pm.GetHostPort())
+		}
+		if ip := pm.GetHostIp(); ip != "" && net.ParseIP(ip) == nil {
+			return invalid("port_mappings: host_ip %q is not an IP address", ip)
+		}
+	}
+	linux := cfg.GetLinux()
+	nsOpts := linux.GetSecurityContext().GetNamespaceOptions()
+	switch nsOpts.GetNetwork() {
+	case runtime.NamespaceMode_POD, runtime.NamespaceMode_NODE:
+	default:
+		return invalid("namespace_options.network must be POD or NODE, got %s", nsOpts.GetNetwork())
+	}
+	switch nsOpts.GetIpc() {
+	case runtime.NamespaceMode_POD, runtime.NamespaceMode_NODE:
+	default:
+		return invalid("namespace_options.ipc must be POD or NODE, got %s", nsOpts.GetIpc())
+	}
+	switch nsOpts.GetPid() {
+	case runtime.NamespaceMode_POD, runtime.NamespaceMode_CONTAINER, runtime.NamespaceMode_NODE:
+	default:
+		return invalid("namespace_options.pid must be POD, CONTAINER or NODE for a pod, got %s", nsOpts.GetPid())
+	}
+	// As containerd does for the sandbox: a group alone would pair with whatever user
+	// the pause image names.
+	if sc := linux.GetSecurityContext(); sc.GetRunAsGroup() != nil && sc.GetRunAsUser() == nil {
+		return invalid("pod security_context.run_as_group %d is set without run_as_user: set the user too (runAsUser in the pod's securityContext)", sc.GetRunAsGroup().GetValue())
+	}
+	userNS, err := spec.PodUserNS(nsOpts)
+	if err != nil {
+		return err
+	}
+	if userNS != nil {
+		if err := spec.CheckPodUserNS(cfg); err != nil {
+			return err
+		}
+	}
+	hostNet := nsOpts.GetNetwork() == runtime.NamespaceMode_NODE
+	hostIPC := nsOpts.GetIpc() == runtime.NamespaceMode_NODE
+	for k, v := range linux.GetSysctls() {
+		if err := validateSysctl(k, v, hostNet, hostIPC); err != nil {
+			return err
+		}
+	}
+	if p := linux.GetCgroupParent(); p != "" {
+		if err := validateCgroupParent(p, cgroupDriver); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func validateSysctl(key, value string, hostNet, hostIPC bool) error {
+	k := strings.ReplaceAll(key, "/", ".")
+	if k == "" || strings.Contains(k, "..") || strings.HasPrefix(k, ".") || strings.HasSuffix(k, ".") || strings.ContainsAny(k, " \x00") {
+		return invalid("sysctl %q is not a valid sysctl name", key)
+	}
+	if strings.ContainsAny(value, "\n\x00") {
+		return invalid("sysctl %s: value must be one line", key)
+	}
+	namespaced := strings.HasPrefix(k, "net.") || strings.HasPrefix(k, "kernel.shm") || strings.HasPrefix(k, "kernel.msg") || k == "kernel.sem" || strings.HasPrefix(k, "fs.mqueue.")
+	if !namespaced {
+		return invalid("sysctl %s is not namespaced: setting it in a pod would change the node", key)
+	}
+	if hostNet && strings.HasPrefix(k, "net.") {
+		return invalid("sysctl %s cannot be set in a pod that uses the host network", key)
+	}
+	if hostIPC && !strings.HasPrefix(k, "net.") {
+		return invalid("sysctl %s cannot be set in a pod that uses the host IPC namespace", key)
+	}
+	return nil
+}
+
+func validateCgroupParent(p, driver string) error {
+	if driver == config.CgroupDriverSystemd {
+		if !strings.HasSuffix(p, ".slice") || strings.Contains(p, "/") {
+			return invalid("cgroup_parent %q must be a systemd slice name (like kubepods-pod1.slice) with the systemd cgroup driver", p)
+		}
+		return nil
+	}
+	if !strings.HasPrefix(p, "/") {
+		return invalid("cgroup_parent %q must be an absolute cgroup path with the cgroupfs driver", p)
+	}
+	if path.Clean(p) != p && path.Clean(p)+"/" != p {
+		return invalid("cgroup_parent %q must be a clean path (no '..' or '//')", p)
+	}
+	for _, part := range strings.Split(p, "/") {
+		if part == ".." {
+			return invalid("cgroup_parent %q must not contain '..'", p)
+		}
+	}
+	return nil
+}

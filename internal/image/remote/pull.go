@@ -1,0 +1,667 @@
+package remote
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/distribution/reference"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+	digest "github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/crisp-runtime/crisp/internal/image/content"
+	"github.com/crisp-runtime/crisp/internal/image/diskspace"
+)
+
+// Limits on what is read into memory. Real manifests and configs are a few KiB; the
+// OCI distribution spec asks registries to accept manifests of at least 4 MiB.
+const (
+	maxManifestSize = 4 << 20
+	maxConfigSize   = 8 << 20
+	// maxIndexDepth bounds indexes nested in indexes.
+	maxIndexDepth = 4
+)
+
+// Media types crisp pulls. Docker's zstd layer type is containerd's name for it.
+const (
+	mediaTypeDockerManifest     = "application/vnd.docker.distribution.manifest.v2+json"
+	mediaTypeDockerManifestList = "application/vnd.docker.distribution.manifest.list.v2+json"
+	mediaTypeDockerConfig       = "application/vnd.docker.container.image.v1+json"
+	mediaTypeDockerSchema1      = "application/vnd.docker.distribution.manifest.v1+json"
+	mediaTypeDockerSchema1JWS   = "application/vnd.docker.distribution.manifest.v1+prettyjws"
+)
+
+// layerMediaTypes are the layer media types crisp can unpack. Nondistributable and
+// foreign layers are fetched from the registry like any other; their URLs are not used.
+var layerMediaTypes = map[string]bool{
+	ocispec.MediaTypeImageLayer:     true, // tar
+	ocispec.MediaTypeImageLayerGzip: true,
+	ocispec.MediaTypeImageLayerZstd: true,
+	// Deprecated by OCI but still found in the wild (Windows bases pushed as such).
+	"application/vnd.oci.image.layer.nondistributable.v1.tar":      true,
+	"application/vnd.oci.image.layer.nondistributable.v1.tar+gzip": true,
+	"application/vnd.oci.image.layer.nondistributable.v1.tar+zstd": true,
+	"application/vnd.docker.image.rootfs.diff.tar":                 true,
+	"application/vnd.docker.image.rootfs.diff.tar.gzip":            true,
+	"application/vnd.docker.image.rootfs.diff.tar.zstd":            true,
+	"application/vnd.docker.image.rootfs.foreign.diff.tar.gzip":    true,
+}
+
+// Config configures a Puller.
+type Config struct {
+	// Mirrors maps a registry host ("docker.io", "registry.k8s.io", "myreg:5000") to mirror
+	// endpoints ("http://127.0.0.1:5001", "https://mirror.example"); tried in order, then the registry itself.
+	// A path on a mirror URL is a repository prefix: with "https://m.example/hub",
+	// docker.io/library/busybox is pulled as m.example/hub/library/busybox.
+	Mirrors map[string][]string
+	// Insecure lists hosts (host or host:port) allowed over plain HTTP or with unverified TLS.
+	// localhost, 127.0.0.0/8 and ::1 are always allowed over plain HTTP, as docker does.
+	// CIDRs ("10.0.0.0/8") are accepted too, as docker's insecure-registries are.
+	Insecure []string
+	// MaxConcurrentDownloads bounds the blobs one pull downloads at once (default 3).
+	MaxConcurrentDownloads int
+	// Platform is the "os/arch[/variant]" picked from an index (default "linux/"+runtime.GOARCH).
+	Platform string
+	// DeferSync stores blobs without fsyncs (content.Store.WriteUnsynced): the caller
+	// flushes the store before it records anything that references them, and frees
+	// unreferenced blobs at its start.
+	DeferSync bool
+	// Reserve is the free space downloads must leave on the content store's
+	// filesystem; checked against the layers' sizes before they are downloaded and
+	// while they are written.
+	Reserve diskspace.Reserve
+}
+
+// Layer is one layer blob of a pulled image.
+type Layer struct {
+	Digest    digest.Digest // of the blob as stored (compressed)
+	Size      int64
+	MediaType string        // tells the unpacker the compression: tar, tar+gzip or tar+zstd
+	DiffID    digest.Digest // of the uncompressed tar, from the config's rootfs.diff_ids
+}
+
+// Image is what a pull fetched into the content store.
+type Image struct {
+	Name           string        // normalized reference that was pulled
+	ManifestDigest digest.Digest // digest of the platform manifest (not the index)
+	IndexDigest    digest.Digest // digest of the index if the ref pointed at one (else empty)
+	// RepoDigest is "repository@digest" of what the reference resolved to: the index
+	// digest if there is one, as containerd and kubelet report it.
+	RepoDigest   string
+	ConfigDigest digest.Digest // = the image ID
+	Layers       []Layer       // bottom first; DiffIDs from the config's rootfs.diff_ids
+	// Downloaded is what this pull transferred from the registry: blobs already in the
+	// store, or shared with a concurrent pull that fetched them, are not counted.
+	Downloaded int64
+}
+
+// Puller pulls images from registries into a content store. It is safe for
+// concurrent use; concurrent pulls share the download of a blob they both need.
+type Puller struct {
+	cs           *content.Store
+	log          *slog.Logger
+	rt           http.RoundTripper
+	policy       *hostPolicy
+	mirrors      map[string][]endpoint
+	platform     ocispec.Platform
+	maxDownloads int
+	reserve      diskspace.Reserve
+	deferSync    bool
+	flights      flightGroup
+}
+
+// New returns a Puller storing into cs. Invalid mirrors or platform in cfg are logged
+// and ignored (the platform falls back to the default) so that one bad setting does
+// not stop the node from pulling at all.
+func New(cfg Config, cs *content.Store, log *slog.Logger) *Puller {
+	if log == nil {
+		log = slog.Default()
+	}
+	policy := newHostPolicy(cfg.Insecure, log)
+	p := &Puller{
+		cs:           cs,
+		log:          log,
+		mirrors:      map[string][]endpoint{},
+		maxDownloads: cfg.MaxConcurrentDownloads,
+		reserve:      cfg.Reserve,
+		deferSync:    cfg.DeferSync,
+	}
+	if p.maxDownloads <= 0 {
+		p.maxDownloads = 3
+	}
+	p.platform = ocispec.Platform{OS: "linux", Architecture: runtime.GOARCH}
+	if cfg.Platform != "" {
+		pl, err := parsePlatform(cfg.Platform)
+		if err != nil {
+			log.Error("ignoring invalid pull platform", "err", err, "using", platformString(p.platform))
+		} else {
+			p.platform = pl
+		}
+	}
+	p.platform = normalizePlatform(p.platform)
+	for reg, urls := range cfg.Mirrors {
+		key := hostOf(reg)
+		for _, u := range urls {
+			ep, err := parseMirror(u)
+			if err != nil {
+				log.Error("ignoring invalid registry mirror", "registry", reg, "mirror", u, "err", err)
+				continue
+			}
+			if ep.plainHTTP {
+				policy.httpMirrors[ep.host] = true
+			}
+			p.mirrors[key] = append(p.mirrors[key], ep)
+		}
+	}
+	p.rt = newRoundTripper(policy)
+	p.policy = policy
+	return p
+}
+
+// endpoints returns where to pull a repository of registry domain from: its mirrors
+// in order, then the registry itself.
+func (p *Puller) endpoints(domain string) []endpoint {
+	eps := append([]endpoint(nil), p.mirrors[canonicalHost(domain)]...)
+	return append(eps, endpoint{
+		host:      domain,
+		plainHTTP: p.policy.plainHTTP(domain),
+		display:   domain,
+	})
+}
+
+// Pull resolves ref (an index to the manifest for the configured platform; Docker
+// schema 2 and OCI media types), stores the manifest(s), the config and every layer
+// blob in the content store (each verified by it), downloading at most
+// MaxConcurrentDownloads blobs at once and skipping blobs already present, and returns
+// what it fetched. auth is used only for the registry whose host matches its
+// ServerAddress (or the reference's registry when ServerAddress is empty). Mirrors are
+// tried first; any failure on one moves on to the next endpoint.
+func (p *Puller) Pull(ctx context.Context, ref string, auth *Auth) (*Image, error) {
+	return p.PullLayers(ctx, ref, auth, nil)
+}
+
+// Unpacker is given the layers of a pull (bottom first) once its config is checked,
+// and returns the function the pull runs for each of them. It is called once for each
+// endpoint the pull tries, so that per-pull state starts afresh on a mirror's failure.
+type Unpacker func(layers []Layer) LayerFunc
+
+// LayerFunc handles layer i of a pull. The pull calls it for every layer at
+// once, each in its own goroutine, after the manifest and config are stored; fetch gets
+// the layer's blob into the content store, at most MaxConcurrentDownloads at a time
+// for the pull. The pull fails with the first error a LayerFunc returns, and the
+// context of the others is then cancelled.
+type LayerFunc func(ctx context.Context, i int, l Layer, fetch FetchFunc) error
+
+// FetchFunc makes sure a layer blob is in the content store. When it downloads the blob
+// and consume is not nil, consume gets the bytes as they arrive, in the same read of
+// the connection that stores them, and streamed is true: consume's reader ends with
+// io.EOF only once the whole blob is stored and verified against its digest, and with
+// the download's error otherwise, so a consumer that reads to the end has a verified
+// blob. consume's error fails the fetch; a consumer that stops reading early does not
+// stop the download (another pull may wait for the blob). When the blob is stored
+// already, or another pull downloads it, consume is not called: read the blob from the
+// content store.
+type FetchFunc func(ctx context.Context, consume func(io.Reader) error) (streamed bool, err error)
+
+// PullLayers is Pull with each layer handed to the LayerFunc of unpacker instead of
+// just stored (nil: just stored), so that a caller can unpack layers while they
+// download.
+func (p *Puller) PullLayers(ctx context.Context, ref string, auth *Auth, unpacker Unpacker) (*Image, error) {
+	start := time.Now()
+	named, err := Normalize(ref)
+	if err != nil {
+		return nil, fmt.Errorf("pull %s: %w", ref, err)
+	}
+	name := named.String()
+	// Check the credentials once, before any request, so a malformed one is reported
+	// as such and not as a failure of every endpoint.
+	if _, _, err := auth.credentials(reference.Domain(named), reference.Domain(named)); err != nil {
+		return nil, fmt.Errorf("pull %s: %w", name, err)
+	}
+	eps := p.endpoints(reference.Domain(named))
+	var mirrorErrs []string
+	for i, ep := range eps {
+		var stats pullStats
+		img, err := p.pullFrom(ctx, named, ep, auth, &stats, unpacker)
+		if err == nil {
+			img.Name = name
+			img.Downloaded = stats.bytes.Load()
+			img.RepoDigest = reference.TrimNamed(named).String() + "@" + img.ManifestDigest.String()
+			if img.IndexDigest != "" {
+				img.RepoDigest = reference.TrimNamed(named).String() + "@" + img.IndexDigest.String()
+			}
+			p.log.Debug("fetched image", "ref", name, "from", ep.display, "id", img.ConfigDigest,
+				"blobs_downloaded", stats.blobs.Load(), "bytes_downloaded", stats.bytes.Load(), "duration", time.Since(start))
+			return img, nil
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("pull %s: %w", name, err)
+		}
+		if i < len(eps)-1 {
+			p.log.Warn("pull from mirror failed, trying the next endpoint", "ref", name, "mirror", ep.display, "err", err)
+			mirrorErrs = append(mirrorErrs, fmt.Sprintf("mirror %s: %v", ep.display, err))
+			continue
+		}
+		if len(mirrorErrs) > 0 {
+			return nil, fmt.Errorf("pull %s: %w (mirrors failed first: %s)", name, err, strings.Join(mirrorErrs, "; "))
+		}
+		return nil, fmt.Errorf("pull %s: %w", name, err)
+	}
+	panic("unreachable: endpoints always ends with the registry")
+}
+
+// pullStats counts what one pull downloaded, for the log.
+type pullStats struct {
+	blobs atomic.Int64
+	bytes atomic.Int64
+}
+
+// source is one repository on one endpoint with its authenticated transport.
+type source struct {
+	ep        endpoint
+	repo      name.Repository
+	tr        http.RoundTripper
+	client    *http.Client
+	withCreds bool
+}
+
+// pullFrom pulls named from one endpoint.
+func (p *Puller) pullFrom(ctx context.Context, named reference.Named, ep endpoint, auth *Auth, stats *pullStats, unpacker Unpacker) (*Image, error) {
+	domain := reference.Domain(named)
+	path := reference.Path(named)
+	if ep.prefix != "" {
+		path = ep.prefix + "/" + path
+	}
+	var nopts []name.Option
+	if ep.plainHTTP {
+		nopts = append(nopts, name.Insecure)
+	}
+	repo, err := name.NewRepository(ep.host+"/"+path, nopts...)
+	if err != nil {
+		return nil, fmt.Errorf("repository %s on %s: %w: %w", path, ep.display, err, errdefs.ErrInvalidArgument)
+	}
+	authr, withCreds, err := auth.credentials(ep.host, domain)
+	if err != nil {
+		return nil, err
+	}
+	// One handshake (ping, token) per repository and pull, shared by the manifest
+	// requests (go-containerregistry's remote) and the blob downloads: a
+	// transport.Wrapper is used by remote as is.
+	tr, err := transport.NewWithContext(ctx, repo.Registry, authr, p.rt, []string{repo.Scope(transport.PullScope)})
+	if err != nil {
+		return nil, classify(err, ep, "repository "+path, withCreds)
+	}
+	src := &source{ep: ep, repo: repo, tr: tr, client: &http.Client{Transport: tr}, withCreds: withCreds}
+
+	var gref name.Reference
+	what := "image " + named.String()
+	if d, ok := named.(reference.Digested); ok {
+		gref = repo.Digest(d.Digest().String())
+	} else {
+		gref = repo.Tag(named.(reference.Tagged).Tag())
+	}
+	b, desc, err := p.getManifest(ctx, src, gref, what)
+	if err != nil {
+		return nil, err
+	}
+
+	img := &Image{}
+	for depth := 0; isIndex(desc.MediaType); depth++ {
+		if depth == maxIndexDepth {
+			return nil, fmt.Errorf("%s: indexes nested more than %d deep: %w", what, maxIndexDepth, errdefs.ErrNotImplemented)
+		}
+		if depth == 0 {
+			img.IndexDigest = desc.Digest
+		}
+		var idx ocispec.Index
+		if err := json.Unmarshal(b, &idx); err != nil {
+			return nil, fmt.Errorf("%s: index %s is not valid JSON: %w: %w", what, desc.Digest, err, errdefs.ErrInvalidArgument)
+		}
+		if err := p.store(ctx, desc.Digest, desc.Size, bytes.NewReader(b)); err != nil {
+			return nil, fmt.Errorf("store index %s: %w", desc.Digest, err)
+		}
+		child, err := selectManifest(&idx, p.platform)
+		if err != nil {
+			return nil, fmt.Errorf("%s (index %s): %w: %w", what, desc.Digest, err, errdefs.ErrNotFound)
+		}
+		if err := child.Digest.Validate(); err != nil {
+			return nil, fmt.Errorf("%s: index %s names an invalid digest %q: %w", what, desc.Digest, child.Digest, errdefs.ErrInvalidArgument)
+		}
+		what = "manifest " + child.Digest.String()
+		b, desc, err = p.getManifest(ctx, src, repo.Digest(child.Digest.String()), what)
+		if err != nil {
+			return nil, err
+		}
+		if desc.Size != child.Size {
+			return nil, fmt.Errorf("%s: %d bytes, but the index says %d: %w", what, desc.Size, child.Size, errdefs.ErrFailedPrecondition)
+		}
+	}
+	switch desc.MediaType {
+	case ocispec.MediaTypeImageManifest, mediaTypeDockerManifest:
+	case mediaTypeDockerSchema1, mediaTypeDockerSchema1JWS:
+		return nil, fmt.Errorf("%s: Docker schema 1 manifests are not supported (deprecated since 2017); push the image again with a current client: %w", what, errdefs.ErrNotImplemented)
+	default:
+		return nil, fmt.Errorf("%s: unsupported manifest media type %q: %w", what, desc.MediaType, errdefs.ErrNotImplemented)
+	}
+	img.ManifestDigest = desc.Digest
+
+	var m ocispec.Manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("%s: not valid JSON: %w: %w", what, err, errdefs.ErrInvalidArgument)
+	}
+	if err := checkManifest(&m); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	if err := p.store(ctx, desc.Digest, desc.Size, bytes.NewReader(b)); err != nil {
+		return nil, fmt.Errorf("store manifest %s: %w", desc.Digest, err)
+	}
+
+	// The config comes first: its diff IDs must agree with the layers before
+	// anything large is downloaded.
+	// An oversized config or manifest is the image's fault, as every other refusal of
+	// its content is: InvalidArgument (not OutOfRange, which the CRI does not expect).
+	if m.Config.Size > maxConfigSize {
+		return nil, fmt.Errorf("image config %s is %d bytes, more than the %d crisp reads (real ones are a few KiB): %w", m.Config.Digest, m.Config.Size, maxConfigSize, errdefs.ErrInvalidArgument)
+	}
+	if err := p.fetch(ctx, src, m.Config, stats); err != nil {
+		return nil, fmt.Errorf("fetch config %s: %w", m.Config.Digest, err)
+	}
+	cb, err := p.cs.ReadAll(m.Config.Digest, maxConfigSize)
+	if err != nil {
+		return nil, fmt.Errorf("read config %s: %w", m.Config.Digest, err)
+	}
+	var cfg ocispec.Image
+	if err := json.Unmarshal(cb, &cfg); err != nil {
+		return nil, fmt.Errorf("config %s: not valid JSON: %w: %w", m.Config.Digest, err, errdefs.ErrInvalidArgument)
+	}
+	if cfg.RootFS.Type != "layers" || len(cfg.RootFS.DiffIDs) != len(m.Layers) {
+		return nil, fmt.Errorf("config %s: rootfs has %d diff IDs (type %q) for %d layers: %w",
+			m.Config.Digest, len(cfg.RootFS.DiffIDs), cfg.RootFS.Type, len(m.Layers), errdefs.ErrInvalidArgument)
+	}
+	for _, d := range cfg.RootFS.DiffIDs {
+		if err := d.Validate(); err != nil {
+			return nil, fmt.Errorf("config %s: invalid diff ID %q: %w: %w", m.Config.Digest, d, err, errdefs.ErrInvalidArgument)
+		}
+	}
+	img.ConfigDigest = m.Config.Digest
+	img.Layers = make([]Layer, len(m.Layers))
+	for i, l := range m.Layers {
+		img.Layers[i] = Layer{Digest: l.Digest, Size: l.Size, MediaType: l.MediaType, DiffID: cfg.RootFS.DiffIDs[i]}
+	}
+
+	if err := p.checkSpace(m.Layers); err != nil {
+		return nil, err
+	}
+	var layerFn LayerFunc
+	if unpacker != nil {
+		layerFn = unpacker(img.Layers)
+	} else {
+		layerFn = func(ctx context.Context, _ int, _ Layer, fetch FetchFunc) error {
+			_, err := fetch(ctx, nil)
+			return err
+		}
+	}
+	// Every layer gets its goroutine at once, so that a LayerFunc waiting for a lower
+	// layer holds no download slot; the slots bound the downloads themselves.
+	slots := make(chan struct{}, p.maxDownloads)
+	g, gctx := errgroup.WithContext(ctx)
+	for i, l := range img.Layers {
+		desc := m.Layers[i]
+		fetch := func(ctx context.Context, consume func(io.Reader) error) (bool, error) {
+			streamed, err := p.fetchLayer(ctx, src, desc, stats, slots, consume)
+			if err != nil {
+				return streamed, fmt.Errorf("fetch layer %s: %w", desc.Digest, err)
+			}
+			return streamed, nil
+		}
+		g.Go(func() error { return layerFn(gctx, i, l, fetch) })
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	return img, nil
+}
+
+// fetchLayer is a layer's FetchFunc: fetch in one of the pull's download slots, with
+// consume fed as the blob downloads when this pull is the one downloading it.
+func (p *Puller) fetchLayer(ctx context.Context, src *source, desc ocispec.Descriptor, stats *pullStats, slots chan struct{}, consume func(io.Reader) error) (streamed bool, err error) {
+	if p.cs.Has(desc.Digest) {
+		return false, nil
+	}
+	select {
+	case slots <- struct{}{}:
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+	defer func() { <-slots }()
+	var tee *teeConsumer
+	if consume != nil {
+		tee = startConsumer(consume)
+	}
+	err = p.fetchWith(ctx, src, desc, stats, tee)
+	if tee == nil {
+		return false, err
+	}
+	streamed, cerr := tee.finish(err)
+	if err == nil && cerr != nil {
+		err = cerr
+	}
+	return streamed, err
+}
+
+// checkSpace refuses, before anything large is downloaded, layers whose blobs would
+// leave less than the reserve free. The blobs' sizes are known; what they unpack to is
+// not, and the unpack checks as it goes.
+func (p *Puller) checkSpace(layers []ocispec.Descriptor) error {
+	if !p.reserve.Enabled() {
+		return nil
+	}
+	var need int64
+	missing := 0
+	for _, l := range layers {
+		if !p.cs.Has(l.Digest) {
+			need += l.Size
+			missing++
+		}
+	}
+	return p.reserve.Check(need, fmt.Sprintf("downloading %d layers", missing))
+}
+
+// checkManifest refuses a manifest crisp could not run before anything is downloaded.
+func checkManifest(m *ocispec.Manifest) error {
+	if m.SchemaVersion != 2 {
+		return fmt.Errorf("schemaVersion %d, want 2: %w", m.SchemaVersion, errdefs.ErrNotImplemented)
+	}
+	switch m.Config.MediaType {
+	case ocispec.MediaTypeImageConfig, mediaTypeDockerConfig:
+	default:
+		return fmt.Errorf("not a container image: config media type %q: %w", m.Config.MediaType, errdefs.ErrNotImplemented)
+	}
+	descs := append([]ocispec.Descriptor{m.Config}, m.Layers...)
+	for i, d := range descs {
+		if err := d.Digest.Validate(); err != nil {
+			return fmt.Errorf("invalid digest %q: %w: %w", d.Digest, err, errdefs.ErrInvalidArgument)
+		}
+		if d.Size < 0 {
+			return fmt.Errorf("blob %s has negative size %d: %w", d.Digest, d.Size, errdefs.ErrInvalidArgument)
+		}
+		if i > 0 && !layerMediaTypes[d.MediaType] {
+			return fmt.Errorf("layer %s has unsupported media type %q: %w", d.Digest, d.MediaType, errdefs.ErrNotImplemented)
+		}
+	}
+	return nil
+}
+
+// manifestDesc is what getManifest learned about a manifest.
+type manifestDesc struct {
+	Digest    digest.Digest
+	Size      int64
+	MediaType string
+}
+
+// getManifest fetches a manifest or index with go-containerregistry's remote, which
+// checks it against the digest when ref is a digest.
+func (p *Puller) getManifest(ctx context.Context, src *source, ref name.Reference, what string) ([]byte, manifestDesc, error) {
+	d, err := remote.Get(ref, remote.WithContext(ctx), remote.WithTransport(src.tr))
+	if err != nil {
+		return nil, manifestDesc{}, classify(err, src.ep, what, src.withCreds)
+	}
+	if len(d.Manifest) > maxManifestSize {
+		return nil, manifestDesc{}, fmt.Errorf("%s: manifest of %d bytes is larger than the %d allowed: %w", what, len(d.Manifest), maxManifestSize, errdefs.ErrInvalidArgument)
+	}
+	return d.Manifest, manifestDesc{
+		Digest:    digest.Digest(d.Digest.String()),
+		Size:      d.Size,
+		MediaType: manifestMediaType(string(d.MediaType), d.Manifest),
+	}, nil
+}
+
+// manifestMediaType returns the media type of a manifest: the Content-Type the
+// registry sent if it is a manifest type, else the document's own mediaType field,
+// else what its shape says (OCI allows omitting mediaType).
+func manifestMediaType(contentType string, b []byte) string {
+	ct, _, _ := strings.Cut(contentType, ";")
+	ct = strings.TrimSpace(ct)
+	switch ct {
+	case ocispec.MediaTypeImageManifest, ocispec.MediaTypeImageIndex, mediaTypeDockerManifest,
+		mediaTypeDockerManifestList, mediaTypeDockerSchema1, mediaTypeDockerSchema1JWS:
+		return ct
+	}
+	var probe struct {
+		SchemaVersion int               `json:"schemaVersion"`
+		MediaType     string            `json:"mediaType"`
+		Manifests     json.RawMessage   `json:"manifests"`
+		Config        json.RawMessage   `json:"config"`
+		FSLayers      []json.RawMessage `json:"fsLayers"`
+	}
+	if json.Unmarshal(b, &probe) != nil {
+		return ct
+	}
+	switch {
+	case probe.MediaType != "":
+		return probe.MediaType
+	case probe.SchemaVersion == 1 || probe.FSLayers != nil:
+		return mediaTypeDockerSchema1
+	case probe.Manifests != nil:
+		return ocispec.MediaTypeImageIndex
+	case probe.Config != nil:
+		return ocispec.MediaTypeImageManifest
+	}
+	return ct
+}
+
+func isIndex(mediaType string) bool {
+	return mediaType == ocispec.MediaTypeImageIndex || mediaType == mediaTypeDockerManifestList
+}
+
+// fetch makes sure blob desc is in the content store, downloading it from src unless
+// it is there already or another pull is downloading it (then it waits for that
+// download). If the shared download fails (it may come from another registry, with
+// other credentials) this pull tries once with its own source.
+func (p *Puller) fetch(ctx context.Context, src *source, desc ocispec.Descriptor, stats *pullStats) error {
+	return p.fetchWith(ctx, src, desc, stats, nil)
+}
+
+// fetchWith is fetch with the bytes also fed to tee when this call's flight downloads
+// them.
+func (p *Puller) fetchWith(ctx context.Context, src *source, desc ocispec.Descriptor, stats *pullStats, tee *teeConsumer) error {
+	if p.cs.Has(desc.Digest) {
+		return nil
+	}
+	for attempt := 0; ; attempt++ {
+		err, shared := p.flights.do(ctx, desc.Digest, func(fctx context.Context) error {
+			if p.cs.Has(desc.Digest) {
+				return nil // finished by a flight that ended just before this one began
+			}
+			return p.download(fctx, src, desc, stats, tee)
+		})
+		if err == nil || !shared || attempt > 0 || ctx.Err() != nil {
+			return err
+		}
+		p.log.Debug("shared download failed, downloading again", "digest", desc.Digest, "err", err)
+	}
+}
+
+// download streams one blob from src into the content store, which verifies it.
+func (p *Puller) download(ctx context.Context, src *source, desc ocispec.Descriptor, stats *pullStats, tee *teeConsumer) error {
+	start := time.Now()
+	u := url.URL{
+		Scheme: src.repo.Scheme(),
+		Host:   src.repo.RegistryStr(),
+		Path:   "/v2/" + src.repo.RepositoryStr() + "/blobs/" + desc.Digest.String(),
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := src.client.Do(req)
+	if err != nil {
+		return classify(err, src.ep, "blob "+desc.Digest.String(), src.withCreds)
+	}
+	defer resp.Body.Close()
+	if err := transport.CheckError(resp, http.StatusOK); err != nil {
+		return classify(err, src.ep, "blob "+desc.Digest.String(), src.withCreds)
+	}
+	if resp.ContentLength >= 0 && resp.ContentLength != desc.Size {
+		return fmt.Errorf("%s announced %d bytes, but the manifest says %d: %w",
+			src.ep.display, resp.ContentLength, desc.Size, errdefs.ErrFailedPrecondition)
+	}
+	body := p.reserve.Reader(&connReader{r: resp.Body, ep: src.ep, ctx: ctx}, "")
+	if tee != nil {
+		body = tee.reader(body)
+	}
+	if err := p.store(ctx, desc.Digest, desc.Size, body); err != nil {
+		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return err
+	}
+	stats.blobs.Add(1)
+	stats.bytes.Add(desc.Size)
+	p.log.Debug("downloaded blob", "digest", desc.Digest, "size", desc.Size, "from", src.ep.display, "duration", time.Since(start))
+	return nil
+}
+
+// store writes a blob to the content store, with fsyncs unless the caller defers them.
+func (p *Puller) store(ctx context.Context, d digest.Digest, size int64, r io.Reader) error {
+	if p.deferSync {
+		return p.cs.WriteUnsynced(ctx, d, size, r)
+	}
+	return p.cs.Write(ctx, d, size, r)
+}
+
+// connReader is a blob download's response body. A read error is the connection's: the
+// registry died or the network was cut mid-blob. That is Unavailable, worth a retry,
+// unlike a body that ends cleanly but short or with the wrong digest (the content
+// store's FailedPrecondition, as containerd's: the registry serves bad data). The
+// caller's cancellation stays what it is.
+type connReader struct {
+	r    io.Reader
+	ep   endpoint
+	ctx  context.Context
+	read int64
+}
+
+func (c *connReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.read += int64(n)
+	if err != nil && err != io.EOF && c.ctx.Err() == nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+		err = fmt.Errorf("connection to %s lost after %d bytes (%w): %w", c.ep.where(), c.read, err, errdefs.ErrUnavailable)
+	}
+	return n, err
+}
