@@ -7,6 +7,7 @@ require (
 	github.com/containerd/containerd/api v1.12.0
 	github.com/containerd/containerd/v2 v2.4.2
 	github.com/containerd/errdefs v1.0.0
+	github.com/containerd/errdefs/pkg v0.3.0
 	github.com/containerd/log v0.2.0
 	github.com/containerd/ttrpc v1.2.10
 	github.com/containernetworking/cni v1.3.1

@@ -2,12 +2,12 @@ package tasksandbox
 
 import (
 	"github.com/containerd/errdefs"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
+	"github.com/containerd/errdefs/pkg/errgrpc"
 )
 
 // isNotFound reports whether a task API call failed because the shim does not know
-// the task: ttrpc carries the shim's gRPC status code.
+// the task: the shim's status code read as the controller and containerd's clients
+// read it (errgrpc), or a NotFound made in process.
 func isNotFound(err error) bool {
-	return status.Code(err) == codes.NotFound || errdefs.IsNotFound(err)
+	return errdefs.IsNotFound(err) || errdefs.IsNotFound(errgrpc.ToNative(err))
 }
