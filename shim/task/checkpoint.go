@@ -218,29 +218,9 @@ func (s *Service) Resume(ctx context.Context, req *taskv3.ResumeRequest) (*empty
 }
 
 // restoreSpec is what a container created from a checkpoint keeps until Start restores
-// it: Create only prepares the rootfs, the libcontainer container and the log, as
-// containerd's runc shim does, so that the CRI's created and started states stay apart.
+// it (see newContainerFromCheckpoint).
 type restoreSpec struct {
 	images string
-}
-
-// prepareRestore registers c, whose helper has prepared its restore from the CRIU images,
-// as created; nothing runs until Start.
-func (s *Service) prepareRestore(c *container, images string, io ioConfig) (*taskv3.CreateTaskResponse, error) {
-	c.restore = &restoreSpec{images: images}
-	c.init = newProcessState("", io)
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		if _, err := s.runHelper(context.Background(), helperDelete, &helperRequest{ID: c.id, RootfsDir: c.rootfs}, nil); err != nil {
-			c.log.Error("destroy container after failed create", "error", err)
-		}
-		return nil, failedPrecondition("the pod is shutting down")
-	}
-	s.containers[c.id] = c
-	s.mu.Unlock()
-	c.log.Info("container created from a checkpoint", "images", images, "bundle", c.bundle)
-	return &taskv3.CreateTaskResponse{}, nil
 }
 
 // startRestore restores c's processes from its checkpoint with CRIU (in a helper,

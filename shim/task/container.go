@@ -15,7 +15,9 @@ import (
 	"github.com/opencontainers/cgroups"
 	"golang.org/x/sys/unix"
 
+	taskv3 "github.com/crisp-runtime/crisp/api/containerd/task/v3"
 	taskapi "github.com/crisp-runtime/crisp/api/containerd/types/task"
+	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/internal/cgstats"
 	"github.com/crisp-runtime/crisp/internal/crilog"
 )
@@ -60,6 +62,181 @@ type container struct {
 	// cg is the container's cgroup for Stats, loaded on the first call (loading probes
 	// every hierarchy; a shim nobody asks for stats never pays for it).
 	cg *cgstats.Cgroup
+}
+
+// newContainer creates the container req asks for and starts its init, which waits at
+// libcontainer's exec fifo for Start. Each step undoes itself when a later one fails.
+func (s *Service) newContainer(req *taskv3.CreateTaskRequest, opts *optionsv1.ContainerOptions) (_ *container, retErr error) {
+	// 1. The container and its log file.
+	c, err := s.openContainer(req, opts)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			c.closeLog()
+		}
+	}()
+	// 2. The init's stdio: the shim's ends stay, the process's go to the helper.
+	p := newProcessState("", initIO(req, c.logw))
+	var child childStdio
+	sio, err := openStdio(p.io, &child, c.log)
+	if err != nil {
+		return nil, internal("container %q: %v", c.id, err)
+	}
+	files, fds := helperFiles(&child)
+	hreq := createHelperRequest(req)
+	hreq.Stdio = fds
+	// 3. The helper mounts the rootfs, creates the libcontainer container and starts
+	// the init. Exits of orphans are recorded meanwhile: the init may exit before the
+	// helper names it.
+	sub := s.reaper.Subscribe()
+	defer sub.Close()
+	resp, err := s.runHelper(context.Background(), helperCreate, hreq, files)
+	if err != nil {
+		sio.abort()
+		if resp == nil {
+			s.cleanupAfterHelper(c.id, c.bundle, len(hreq.Rootfs) > 0)
+		}
+		return nil, err
+	}
+	c.setCreated(resp)
+	ws, exited := s.reaper.Claim(sub, resp.Pid)
+	sub.Close()
+	// 4. From here the init runs (or ran): its waiter reaps it, and a failure kills it
+	// and destroys the container.
+	if err := s.watchInit(c, p, sio, resp.Pid, ws, exited); err != nil {
+		c.undoCreate()
+		return nil, internal("container %q: %v", c.id, err)
+	}
+	return c, nil
+}
+
+// newContainerFromCheckpoint prepares the container req restores from its checkpoint:
+// the helper only mounts the rootfs and creates the libcontainer container, and Start
+// restores the processes, as containerd's runc shim does, so that the CRI's created and
+// started states stay apart.
+func (s *Service) newContainerFromCheckpoint(req *taskv3.CreateTaskRequest, opts *optionsv1.ContainerOptions) (_ *container, retErr error) {
+	id, images := req.GetID(), req.GetCheckpoint()
+	if !filepath.IsAbs(images) {
+		return nil, invalid("checkpoint %q of container %q must be an absolute path", images, id)
+	}
+	if _, err := os.Stat(filepath.Join(images, descriptorsFile)); err != nil {
+		return nil, invalid("checkpoint %q of container %q holds no CRIU images of a container (%s): %v", images, id, descriptorsFile, err)
+	}
+	c, err := s.openContainer(req, opts)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			c.closeLog()
+		}
+	}()
+	hreq := createHelperRequest(req)
+	resp, err := s.runHelper(context.Background(), helperCreate, hreq, nil)
+	if resp == nil && err != nil {
+		s.cleanupAfterHelper(id, c.bundle, len(hreq.Rootfs) > 0)
+	}
+	if err != nil {
+		return nil, err
+	}
+	c.setCreated(resp)
+	c.restore = &restoreSpec{images: images}
+	c.init = newProcessState("", initIO(req, c.logw))
+	return c, nil
+}
+
+// openContainer returns the container of req with its CRI log open.
+func (s *Service) openContainer(req *taskv3.CreateTaskRequest, opts *optionsv1.ContainerOptions) (*container, error) {
+	id := req.GetID()
+	c := &container{id: id, bundle: req.GetBundle(), log: s.log.With("container", id), svc: s, execs: map[string]*process{}}
+	path := opts.GetLogPath()
+	if path == "" {
+		return c, nil
+	}
+	if !filepath.IsAbs(path) {
+		return nil, invalid("log_path %q must be absolute", path)
+	}
+	w, err := crilog.Open(path, int(opts.GetLogMaxLine()))
+	if err != nil {
+		return nil, internal("container %q: %v", id, err)
+	}
+	c.logw = w
+	return c, nil
+}
+
+// initIO is where a container's init's stdio goes.
+func initIO(req *taskv3.CreateTaskRequest, logw *crilog.Writer) ioConfig {
+	return ioConfig{
+		terminal: req.GetTerminal(),
+		stdin:    req.GetStdin(),
+		stdout:   req.GetStdout(),
+		stderr:   req.GetStderr(),
+		log:      logw,
+		// The controller sends a marker, not a FIFO, for a container with stdin.
+		stdinMarker: true,
+		// Its output goes through the shim even without a log: attach joins it.
+		attachable: true,
+	}
+}
+
+// createHelperRequest is the create helper's request for req.
+func createHelperRequest(req *taskv3.CreateTaskRequest) *helperRequest {
+	hreq := &helperRequest{ID: req.GetID(), Bundle: req.GetBundle(), Terminal: req.GetTerminal(), Checkpoint: req.GetCheckpoint()}
+	for _, m := range req.GetRootfs() {
+		hreq.Rootfs = append(hreq.Rootfs, helperMount{Type: m.GetType(), Source: m.GetSource(), Options: m.GetOptions()})
+	}
+	return hreq
+}
+
+// setCreated records what the create helper reported of the container.
+func (c *container) setCreated(resp *helperResponse) {
+	c.privatePID, c.rootfs, c.cgInfo = resp.PrivatePID, resp.Rootfs, resp.Cgroup
+}
+
+// watchInit makes p, started as pid (ws and exited as the reaper's Claim said), the
+// container's init: its stdio copies start, its OOM kills are watched and its waiter
+// runs. An error says the init cannot be watched; it has been killed then.
+func (s *Service) watchInit(c *container, p *process, sio *stdio, pid int, ws unix.WaitStatus, exited bool) error {
+	c.init = p
+	err := p.setStarted(pid, sio, ws, exited)
+	if err != nil {
+		// Without a pidfd the init cannot be waited for through the poller; killed
+		// through its cgroup, its waiter reaps it blind.
+		c.killAll(unix.SIGKILL)
+	}
+	if serr := sio.started(); err == nil {
+		err = serr
+	}
+	// OOM kills are recorded per container; a watch that cannot be set up only costs
+	// that information.
+	if err == nil {
+		c.oom = s.watchOOM(c)
+	}
+	go func() {
+		c.waitInit()
+		s.publishExit(c.id, c.id, p)
+	}()
+	return err
+}
+
+// undoCreate kills and destroys a container whose Create failed after the helper
+// created it.
+func (c *container) undoCreate() {
+	if err := c.stop(); err != nil {
+		c.log.Error("kill init after failed create", "error", err)
+	}
+	if err := c.destroy(); err != nil {
+		c.log.Error("destroy container after failed create", "error", err)
+	}
+}
+
+// closeLog closes the container's CRI log, if it has one.
+func (c *container) closeLog() {
+	if c.logw != nil {
+		_ = c.logw.Close()
+	}
 }
 
 // cgroupDir returns the container's cgroup directory of controller ("" for cgroup v2),

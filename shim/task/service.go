@@ -228,34 +228,70 @@ func (s *Service) lookup(id, execID string) (*container, *process, error) {
 }
 
 // Create creates a container from the bundle's config.json: rootfs mounted, libcontainer
-// container created, init started up to the point where it waits for Start.
-func (s *Service) Create(ctx context.Context, req *taskv3.CreateTaskRequest) (_ *taskv3.CreateTaskResponse, retErr error) {
+// container created, init started up to the point where it waits for Start. A container
+// from a checkpoint is only prepared: Start restores it.
+func (s *Service) Create(ctx context.Context, req *taskv3.CreateTaskRequest) (*taskv3.CreateTaskResponse, error) {
 	id := req.GetID()
 	if !validID(id) {
 		return nil, invalid("container id %q: want 1-128 characters of [A-Za-z0-9_.+-]", id)
 	}
-	// 1. Reserve the id, so concurrent creates of it fail and others can proceed.
+	unreserve, err := s.reserve(id)
+	if err != nil {
+		return nil, err
+	}
+	defer unreserve()
+	opts, err := s.createOptions(req)
+	if err != nil {
+		return nil, err
+	}
+	create := s.newContainer
+	if req.GetCheckpoint() != "" {
+		create = s.newContainerFromCheckpoint
+	}
+	c, err := create(req, opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.add(c); err != nil {
+		c.undoCreate()
+		return nil, err
+	}
+	if c.restore != nil {
+		c.log.Info("container created from a checkpoint", "images", c.restore.images, "bundle", c.bundle)
+		return &taskv3.CreateTaskResponse{}, nil
+	}
+	s.releaseMemory()
+	pid, _ := c.init.started()
+	c.log.Info("container created", "pid", pid, "bundle", c.bundle, "log", opts.GetLogPath(), "terminal", req.GetTerminal())
+	s.events.Publish(createEvent(req, pid))
+	return &taskv3.CreateTaskResponse{Pid: uint32(pid)}, nil
+}
+
+// reserve claims id for a Create in progress, so concurrent creates of it fail and
+// others proceed; the returned func releases it.
+func (s *Service) reserve(id string) (func(), error) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.closed {
-		s.mu.Unlock()
 		return nil, failedPrecondition("the pod is shutting down")
 	}
 	_, exists := s.containers[id]
 	_, creating := s.reserved[id]
 	if exists || creating {
-		s.mu.Unlock()
 		return nil, status.Errorf(codes.AlreadyExists, "container %q already exists", id)
 	}
 	s.reserved[id] = struct{}{}
-	s.mu.Unlock()
-	defer func() {
+	return func() {
 		s.mu.Lock()
 		delete(s.reserved, id)
 		s.mu.Unlock()
-	}()
-	log := s.log.With("container", id)
+	}, nil
+}
 
-	// 2. Options.
+// createOptions decodes Create's options and checks the request against this shim; it
+// mounts the pod's files into the bundle's spec where the spec lacks them.
+func (s *Service) createOptions(req *taskv3.CreateTaskRequest) (*optionsv1.ContainerOptions, error) {
+	id := req.GetID()
 	opts, err := unpackOptions(req.GetOptions())
 	if err != nil {
 		return nil, err
@@ -267,160 +303,43 @@ func (s *Service) Create(ctx context.Context, req *taskv3.CreateTaskRequest) (_ 
 	if !filepath.IsAbs(bundle) || filepath.Clean(bundle) != bundle {
 		return nil, invalid("bundle %q must be an absolute, clean path", bundle)
 	}
-	if s.podFiles != nil {
-		if files, ok := s.podFiles(); ok {
-			added, err := addPodMounts(bundle, s.sandboxID, files)
-			if err != nil {
-				return nil, invalid("container %q: %v", id, err)
-			}
-			if added {
-				log.Debug("pod files mounted into the container's spec")
-			}
-		}
+	if s.podFiles == nil {
+		return opts, nil
 	}
-	images := req.GetCheckpoint()
-	if images != "" {
-		if !filepath.IsAbs(images) {
-			return nil, invalid("checkpoint %q of container %q must be an absolute path", images, id)
-		}
-		if _, err := os.Stat(filepath.Join(images, descriptorsFile)); err != nil {
-			return nil, invalid("checkpoint %q of container %q holds no CRIU images of a container (%s): %v", images, id, descriptorsFile, err)
-		}
+	files, ok := s.podFiles()
+	if !ok {
+		return opts, nil
 	}
-	c := &container{
-		id:     id,
-		bundle: bundle,
-		log:    log,
-		svc:    s,
-		execs:  map[string]*process{},
-	}
-
-	// 3. Log file and stdio.
-	if path := opts.GetLogPath(); path != "" {
-		if !filepath.IsAbs(path) {
-			return nil, invalid("log_path %q must be absolute", path)
-		}
-		w, err := crilog.Open(path, int(opts.GetLogMaxLine()))
-		if err != nil {
-			return nil, internal("container %q: %v", id, err)
-		}
-		c.logw = w
-		defer func() {
-			if retErr != nil {
-				_ = w.Close()
-			}
-		}()
-	}
-	io := ioConfig{
-		terminal: req.GetTerminal(),
-		stdin:    req.GetStdin(),
-		stdout:   req.GetStdout(),
-		stderr:   req.GetStderr(),
-		log:      c.logw,
-		// The controller sends a marker, not a FIFO, for a container with stdin.
-		stdinMarker: true,
-		// Its output goes through the shim even without a log: attach joins it.
-		attachable: true,
-	}
-	hreq := &helperRequest{ID: id, Bundle: bundle, Terminal: req.GetTerminal(), Checkpoint: images}
-	for _, m := range req.GetRootfs() {
-		hreq.Rootfs = append(hreq.Rootfs, helperMount{Type: m.GetType(), Source: m.GetSource(), Options: m.GetOptions()})
-	}
-	if images != "" {
-		// Restored by Start, as containerd's runc shim does: the helper only mounts
-		// the rootfs and creates the libcontainer container.
-		resp, err := s.runHelper(context.Background(), helperCreate, hreq, nil)
-		if resp == nil && err != nil {
-			s.cleanupAfterHelper(id, bundle, len(hreq.Rootfs) > 0)
-		}
-		if err != nil {
-			return nil, err
-		}
-		c.privatePID, c.rootfs, c.cgInfo = resp.PrivatePID, resp.Rootfs, resp.Cgroup
-		return s.prepareRestore(c, images, io)
-	}
-	p := newProcessState("", io)
-	var child childStdio
-	sio, err := openStdio(p.io, &child, log)
+	added, err := addPodMounts(bundle, s.sandboxID, files)
 	if err != nil {
-		return nil, internal("container %q: %v", id, err)
+		return nil, invalid("container %q: %v", id, err)
 	}
-	files, fds := helperFiles(&child)
-	hreq.Stdio = fds
+	if added {
+		s.log.Debug("pod files mounted into the container's spec", "container", id)
+	}
+	return opts, nil
+}
 
-	// 4. The helper mounts the rootfs, creates the libcontainer container and starts
-	// the init, which stops at libcontainer's exec fifo until Start. Exits of orphans
-	// are recorded meanwhile: the init may exit before the helper names it.
-	sub := s.reaper.Subscribe()
-	defer sub.Close()
-	resp, err := s.runHelper(context.Background(), helperCreate, hreq, files)
-	if err != nil {
-		sio.abort()
-		if resp == nil {
-			s.cleanupAfterHelper(id, bundle, len(hreq.Rootfs) > 0)
-		}
-		return nil, err
-	}
-	c.privatePID, c.rootfs, c.cgInfo = resp.PrivatePID, resp.Rootfs, resp.Cgroup
-	pid := resp.Pid
-	ws, exited := s.reaper.Claim(sub, pid)
-	sub.Close()
-	c.init = p
-	// From here the init runs (or ran); a failure kills it, and its waiter reaps it.
-	startErr := p.setStarted(pid, sio, ws, exited)
-	if startErr != nil {
-		// Without a pidfd the init cannot be waited for through the poller; killed
-		// through its cgroup, its waiter reaps it blind.
-		c.killAll(unix.SIGKILL)
-	}
-	if err := sio.started(); startErr == nil {
-		startErr = err
-	}
-
-	// 5. OOM kills are recorded per container; a watch that cannot be set up only
-	// costs that information.
-	if startErr == nil {
-		c.oom = s.watchOOM(c)
-	}
-	go func() {
-		c.waitInit()
-		s.publishExit(c.id, c.id, p)
-	}()
-	defer func() {
-		if retErr != nil {
-			if err := c.stop(); err != nil {
-				log.Error("kill init after failed create", "error", err)
-			}
-			sio.close()
-			if c.oom != nil {
-				c.oom.stop()
-			}
-			if _, err := s.runHelper(context.Background(), helperDelete, &helperRequest{ID: id, RootfsDir: c.rootfs}, nil); err != nil {
-				log.Error("destroy container after failed create", "error", err)
-			}
-		}
-	}()
-	if startErr != nil {
-		return nil, internal("container %q: %v", id, startErr)
-	}
-
+// add registers a created container; it fails once DeleteAll has run, which cannot
+// have seen c.
+func (s *Service) add(c *container) error {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.closed {
-		// DeleteAll ran meanwhile and cannot have seen this container.
-		s.mu.Unlock()
-		return nil, failedPrecondition("the pod is shutting down")
+		return failedPrecondition("the pod is shutting down")
 	}
-	s.containers[id] = c
-	s.mu.Unlock()
-	s.releaseMemory()
-	log.Info("container created", "pid", pid, "bundle", bundle, "log", opts.GetLogPath(), "terminal", req.GetTerminal())
-	ev := events.TaskCreate{ContainerID: id, Bundle: req.GetBundle(), Stdin: req.GetStdin(), Stdout: req.GetStdout(),
+	s.containers[c.id] = c
+	return nil
+}
+
+// createEvent is the /tasks/create event of a created container.
+func createEvent(req *taskv3.CreateTaskRequest, pid int) events.TaskCreate {
+	ev := events.TaskCreate{ContainerID: req.GetID(), Bundle: req.GetBundle(), Stdin: req.GetStdin(), Stdout: req.GetStdout(),
 		Stderr: req.GetStderr(), Terminal: req.GetTerminal(), Checkpoint: req.GetCheckpoint(), Pid: uint32(pid)}
 	for _, m := range req.GetRootfs() {
 		ev.Rootfs = append(ev.Rootfs, events.Mount{Type: m.GetType(), Source: m.GetSource(), Target: m.GetTarget(), Options: m.GetOptions()})
 	}
-	s.events.Publish(ev)
-	return &taskv3.CreateTaskResponse{Pid: uint32(pid)}, nil
+	return ev
 }
 
 // publishExit sends /tasks/exit for p once its waiter has recorded the exit; id is
