@@ -66,8 +66,8 @@ type IO struct {
 	// fans carry each output stream (crilog.Stdout, crilog.Stderr) to the log and to
 	// attach sessions.
 	fans map[string]*fifoio.Fanout
-	// stdinCopies counts attach sessions copying into stdin.
-	stdinCopies sync.WaitGroup
+	// sessions are the attach sessions; their stdin goes to in.
+	sessions *fifoio.Attach
 	// done is closed by the copy's owner goroutine once every stream ended.
 	done chan struct{}
 }
@@ -163,6 +163,10 @@ func newIO(bundle string, r IORecord, create bool, log *slog.Logger) (_ *IO, ret
 		}
 		close(t.done)
 	}()
+	t.sessions = fifoio.NewAttach(t.fans[crilog.Stdout], t.fans[crilog.Stderr], t.terminal, log)
+	if t.in != nil {
+		t.sessions.SetStdin(t.in)
+	}
 	return t, nil
 }
 
@@ -176,8 +180,12 @@ func (t *IO) Wait(timeout time.Duration) bool {
 	}
 }
 
-// Close stops the copy at once; what the FIFOs still hold is lost.
+// Close stops the copy at once; what the FIFOs still hold is lost. Attach sessions'
+// stdin copies end with it.
 func (t *IO) Close() {
+	if t.sessions != nil {
+		t.sessions.Close()
+	}
 	for _, f := range t.outs {
 		_ = f.Close()
 	}
@@ -237,83 +245,25 @@ func (t *IO) drain() {
 	t.Wait(IODrainTimeout)
 }
 
-// Errors of taskIO.attach.
+// Errors of IO.attach.
 var (
 	errAttachEnded   = errors.New("the container's output has ended")
 	errAttachNoStdin = errors.New("the container has no stdin (its config has stdin false, or stdin_once closed it)")
 )
 
-// attach connects an attach session's FIFOs ("" = none): output sinks live until
-// their reader closes them or the stream ends; the stdin FIFO is copied into the
-// container's stdin until its writers are gone. A sink that falls behind is dropped
-// without slowing the log (see fifoio.Fanout).
-func (t *IO) attach(stdinPath, stdoutPath, stderrPath string) (retErr error) {
-	t.inMu.Lock()
-	in := t.in
-	t.inMu.Unlock()
-	if stdinPath != "" && in == nil {
+// attach connects an attach session's FIFOs ("" = none) through the attach fan-out the
+// shim uses too (fifoio.Attach): output sinks live until their reader closes them or
+// the stream ends, and one that falls behind is dropped without slowing the log; the
+// stdin FIFO is copied into the container's stdin until its writers are gone.
+func (t *IO) attach(stdinPath, stdoutPath, stderrPath string) error {
+	err := t.sessions.Attach(stdinPath, stdoutPath, stderrPath)
+	switch {
+	case errors.Is(err, fifoio.ErrAttachClosed):
+		return errAttachEnded
+	case errors.Is(err, fifoio.ErrNoStdin):
 		return errAttachNoStdin
 	}
-	type target struct {
-		fan  *fifoio.Fanout
-		path string
-	}
-	var targets []target
-	for name, p := range map[string]string{crilog.Stdout: stdoutPath, crilog.Stderr: stderrPath} {
-		if t.terminal && name == crilog.Stderr {
-			continue // a terminal's output is all on stdout
-		}
-		if p != "" && t.fans[name] != nil {
-			targets = append(targets, target{t.fans[name], p})
-		}
-	}
-	sinks := make([]*fifoio.Sink, 0, len(targets))
-	var src *os.File
-	defer func() {
-		if retErr != nil {
-			for _, sk := range sinks {
-				sk.Close()
-			}
-			if src != nil {
-				_ = src.Close()
-			}
-		}
-	}()
-	for _, tg := range targets {
-		sk, err := fifoio.OpenSink(tg.path)
-		if err != nil {
-			return err
-		}
-		sinks = append(sinks, sk)
-	}
-	if stdinPath != "" {
-		f, err := os.OpenFile(stdinPath, os.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return fmt.Errorf("open stdin FIFO: %w", err)
-		}
-		src = f
-	}
-	for i, tg := range targets {
-		if !tg.fan.Add(sinks[i]) {
-			return errAttachEnded
-		}
-	}
-	for i, tg := range targets {
-		sk, fan := sinks[i], tg.fan
-		go func() {
-			sk.Watch()
-			fan.Remove(sk)
-		}()
-	}
-	if src != nil {
-		t.stdinCopies.Add(1)
-		go func() {
-			defer t.stdinCopies.Done()
-			_ = fifoio.CopyFIFOIn(in, src)
-			_ = src.Close()
-		}()
-	}
-	return nil
+	return err
 }
 
 // stdinDrainTimeout bounds how long closing a container's stdin waits for what attach
@@ -330,6 +280,8 @@ func (t *IO) CloseStdin() {
 	if t.in == nil {
 		return
 	}
+	// New sessions get no stdin from here.
+	t.sessions.SetStdin(nil)
 	t.drainStdin()
 	_ = t.in.Close()
 	t.in = nil
@@ -337,15 +289,10 @@ func (t *IO) CloseStdin() {
 
 func (t *IO) drainStdin() {
 	deadline := time.Now().Add(stdinDrainTimeout)
-	copied := make(chan struct{})
-	go func() {
-		t.stdinCopies.Wait()
-		close(copied)
-	}()
-	select {
-	case <-copied:
-	case <-time.After(stdinDrainTimeout):
-	}
+	// Every session's copy is waited for, not only those of clients that are gone (as
+	// the shim does for its pipe): here the copies write into the FIFO the shim reads,
+	// and the wait is bounded by the same deadline as the FIFO's drain below.
+	t.sessions.WaitStdin(stdinDrainTimeout, false)
 	rc, err := t.in.SyscallConn()
 	if err != nil {
 		return

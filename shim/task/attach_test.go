@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/crisp-runtime/crisp/internal/crilog"
 )
 
 func testFIFO(t *testing.T) (path string, r *os.File) {
@@ -122,7 +124,7 @@ func TestAttachWithoutLog(t *testing.T) {
 	if !sio.drain(5 * time.Second) {
 		t.Fatal("the output copies did not end at the process's EOF")
 	}
-	if n := sio.fans[streamStdout].Len() + sio.fans[streamStderr].Len(); n != 0 {
+	if n := sio.fans[crilog.Stdout].Len() + sio.fans[crilog.Stderr].Len(); n != 0 {
 		t.Errorf("%d attach sinks left after the streams ended", n)
 	}
 }

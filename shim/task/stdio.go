@@ -35,45 +35,46 @@ type ioConfig struct {
 	attachable bool
 }
 
-// stdio is the shim's side of a process's standard streams.
+// stdio is the shim's side of a process's standard streams. What differs between a
+// process with a terminal and one with pipes is chosen once, by openStdio, as its kind;
+// the rest (copies, drain, attach sessions, close ordering) is shared.
 type stdio struct {
 	log *slog.Logger
+	// kind is the terminal or the pipes.
+	kind stdioKind
 
 	// childFiles are the process's ends (pipe ends, FIFOs handed over directly, the
 	// console socket); the shim closes its copies once the process has started.
 	childFiles []*os.File
-	// consoleSock is the shim's end of the console socket until the pty master arrives.
-	consoleSock int
-	// termOut receives the terminal's output; nil drains it.
-	termOut     io.Writer
-	termOutDone func()
-
-	console *os.File // pty master, nil without a terminal
-	stdin   *stdinCopier
-	outputs []output
+	stdin      *stdinCopier
+	outputs    []output
 	// owned are closed by close: output sources, the console, FIFOs the shim writes.
 	owned []*os.File
 
-	terminal bool
 	// fans are the streams' destinations that attach sessions join (by crilog stream
 	// name; a terminal has only stdout), absent where the process writes the caller's
 	// FIFO itself.
 	fans map[string]*fifoio.Fanout
+	// sessions are the attach sessions; their stdin goes where the kind says.
+	sessions *fifoio.Attach
 	// inPipe is the write end of the process's stdin pipe that the shim keeps when the
 	// stdin given is not a FIFO: attach sessions write to it.
 	inPipe *os.File
-	// wantStdin says a terminal's stdin was asked for: attach sessions write to the pty.
-	wantStdin bool
-	// inDst is where attach sessions' stdin goes (nil: the process has no stdin).
-	inDst *os.File
-
-	attachMu     sync.Mutex
-	attachClosed bool
-	attachIns    map[*attachIn]struct{}
 
 	running atomic.Int32
 	drained chan struct{} // closed once every output copier has returned
 	once    sync.Once
+}
+
+// stdioKind is what a terminal and pipes do differently once the process's ends are
+// made: what the shim receives when the process runs, and the terminal's size.
+type stdioKind interface {
+	// started completes the shim's side once the process runs, before the copies start.
+	started(s *stdio) error
+	// resize sets the terminal size; errNoTerminal without one.
+	resize(width, height uint32) error
+	// abort releases what only the kind holds when the process never started.
+	abort()
 }
 
 // output is one stream the shim copies: from the process's pipe or pty to dst.
@@ -92,96 +93,154 @@ type childStdio struct {
 // openStdio prepares the stdio of a process before it is started and sets lp to the
 // process's ends. On error nothing stays open.
 func openStdio(cfg ioConfig, lp *childStdio, log *slog.Logger) (_ *stdio, retErr error) {
-	s := &stdio{
-		log:         log,
-		consoleSock: -1,
-		drained:     make(chan struct{}),
-		terminal:    cfg.terminal,
-		fans:        map[string]*fifoio.Fanout{},
-		attachIns:   map[*attachIn]struct{}{},
-	}
+	s := &stdio{log: log, drained: make(chan struct{}), fans: map[string]*fifoio.Fanout{}}
 	defer func() {
 		if retErr != nil {
 			s.abort()
 		}
 	}()
+	open := openPipes
 	if cfg.terminal {
-		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			return nil, fmt.Errorf("console socket: %w", err)
-		}
-		s.consoleSock = fds[0]
-		child := os.NewFile(uintptr(fds[1]), "console-socket")
-		s.childFiles = append(s.childFiles, child)
-		lp.ConsoleSocket = child
-		switch {
-		case cfg.log != nil:
-			sink, st := crilog.NewSink(cfg.log, crilog.Stdout, log)
-			s.termOut, s.termOutDone = sink, func() { _ = st.Close() }
-		case cfg.stdout != "":
-			f, err := os.OpenFile(cfg.stdout, os.O_RDWR, 0)
-			if err != nil {
-				return nil, fmt.Errorf("open stdout fifo: %w", err)
-			}
-			s.owned = append(s.owned, f)
-			s.termOut = f
-		}
-		// Nobody may read the terminal, but an unread pty fills up and blocks the
-		// process, so it is drained.
-		base := s.termOut
-		if base == nil {
-			base = io.Discard
-		}
-		fan := fifoio.NewFanout(base)
-		s.fans[streamStdout] = fan
-		prevDone := s.termOutDone
-		s.termOut, s.termOutDone = fan, func() {
-			fan.Close()
-			if prevDone != nil {
-				prevDone()
-			}
-		}
-		if cfg.stdin != "" {
-			if cfg.stdinMarker && !isFIFO(cfg.stdin) {
-				// Only a marker: attach sessions write to the pty master.
-				s.wantStdin = true
-				return s, nil
-			}
-			c, err := openStdinCopier(cfg.stdin)
-			if err != nil {
-				return nil, err
-			}
-			s.stdin = c // its dst, the pty master, arrives after the start
-		}
-		return s, nil
+		open = openTerminal
 	}
+	if err := open(s, cfg, lp); err != nil {
+		return nil, err
+	}
+	s.sessions = fifoio.NewAttach(s.fans[crilog.Stdout], s.fans[crilog.Stderr], cfg.terminal, log)
+	// Attach sessions write to the process's stdin pipe, which the shim keeps or its
+	// copier feeds; a pty master comes only with the start.
+	switch {
+	case s.inPipe != nil:
+		s.sessions.SetStdin(s.inPipe)
+	case s.stdin != nil && s.stdin.dst != nil:
+		s.sessions.SetStdin(s.stdin.dst)
+	}
+	return s, nil
+}
 
-	if cfg.stdin != "" && cfg.stdinMarker && !isFIFO(cfg.stdin) {
-		// A marker, not a FIFO: the process gets a pipe whose write end the shim
-		// keeps open for attach sessions; CloseIO closes it.
-		r, w, err := os.Pipe()
+// terminal is a process's pty: libcontainer's init sends its master over the console
+// socket, and the shim copies its output (stdout and stderr in one) and writes its
+// input to it.
+type terminal struct {
+	// sock is the shim's end of the console socket until the pty master arrives.
+	sock    int
+	console *os.File // the pty master, once received
+	out     io.Writer
+	outDone func()
+	// wantStdin says a stdin was asked for: attach sessions write to the pty.
+	wantStdin bool
+}
+
+// openTerminal makes s a terminal: the process gets a console socket, and its output
+// goes to the CRI log, the caller's stdout FIFO, or nowhere, always through a fanout.
+func openTerminal(s *stdio, cfg ioConfig, lp *childStdio) error {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("console socket: %w", err)
+	}
+	t := &terminal{sock: fds[0]}
+	s.kind = t
+	child := os.NewFile(uintptr(fds[1]), "console-socket")
+	s.childFiles = append(s.childFiles, child)
+	lp.ConsoleSocket = child
+	// Nobody may read the terminal, but an unread pty fills up and blocks the process,
+	// so it is drained.
+	var base io.Writer = io.Discard
+	var baseDone func()
+	switch {
+	case cfg.log != nil:
+		sink, st := crilog.NewSink(cfg.log, crilog.Stdout, s.log)
+		base, baseDone = sink, func() { _ = st.Close() }
+	case cfg.stdout != "":
+		f, err := os.OpenFile(cfg.stdout, os.O_RDWR, 0)
 		if err != nil {
-			return nil, fmt.Errorf("stdin pipe: %w", err)
+			return fmt.Errorf("open stdout fifo: %w", err)
 		}
-		s.childFiles = append(s.childFiles, r)
-		s.owned = append(s.owned, w)
-		lp.Stdin = r
-		s.inPipe, s.inDst = w, w
-	} else if cfg.stdin != "" {
+		s.owned = append(s.owned, f)
+		base = f
+	}
+	fan := fifoio.NewFanout(base)
+	s.fans[crilog.Stdout] = fan
+	t.out, t.outDone = fan, func() {
+		fan.Close()
+		if baseDone != nil {
+			baseDone()
+		}
+	}
+	switch {
+	case cfg.stdin == "":
+	case cfg.stdinMarker && !isFIFO(cfg.stdin):
+		// Only a marker: attach sessions write to the pty master.
+		t.wantStdin = true
+	default:
 		c, err := openStdinCopier(cfg.stdin)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		s.stdin = c
-		r, w, err := os.Pipe()
-		if err != nil {
-			return nil, fmt.Errorf("stdin pipe: %w", err)
-		}
-		s.childFiles = append(s.childFiles, r)
-		lp.Stdin = r
-		// The copier owns the write end: closing it is how the process sees EOF.
-		c.dst = w
-		s.inDst = w
+		s.stdin = c // its dst, the pty master, arrives after the start
+	}
+	return nil
+}
+
+// started receives the pty master: its output is copied, and stdin goes to it.
+func (t *terminal) started(s *stdio) error {
+	master, err := recvConsole(t.sock)
+	_ = unix.Close(t.sock)
+	t.sock = -1
+	if err != nil {
+		return err
+	}
+	t.console = master
+	s.owned = append(s.owned, master)
+	s.outputs = append(s.outputs, output{src: master, dst: t.out, done: t.outDone})
+	if s.stdin != nil {
+		s.stdin.dst = master
+	}
+	if s.stdin != nil || t.wantStdin {
+		s.sessions.SetStdin(master)
+	}
+	return nil
+}
+
+func (t *terminal) resize(width, height uint32) error {
+	if t.console == nil {
+		return errNoTerminal
+	}
+	rc, err := t.console.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ierr error
+	if err := rc.Control(func(fd uintptr) {
+		ierr = unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &unix.Winsize{Row: uint16(height), Col: uint16(width)})
+	}); err != nil {
+		return err
+	}
+	return ierr
+}
+
+// abort closes the console socket and ends the output's fanout and log stream: no
+// copy will run.
+func (t *terminal) abort() {
+	if t.sock >= 0 {
+		_ = unix.Close(t.sock)
+		t.sock = -1
+	}
+	if t.outDone != nil {
+		t.outDone()
+	}
+}
+
+// pipes are a process's stdio without a terminal: pipes the shim copies, or the
+// caller's FIFOs handed to the process itself.
+type pipes struct{}
+
+// openPipes makes s pipes: the process's stdin (a pipe the shim keeps for attach
+// sessions, or one fed from the caller's FIFO) and its stdout and stderr.
+func openPipes(s *stdio, cfg ioConfig, lp *childStdio) error {
+	s.kind = pipes{}
+	if err := s.openStdinPipe(cfg, lp); err != nil {
+		return err
 	}
 	var direct map[string]*os.File
 	for _, o := range []struct {
@@ -195,16 +254,16 @@ func openStdio(cfg ioConfig, lp *childStdio, log *slog.Logger) (_ *stdio, retErr
 		case cfg.log != nil:
 			r, err := s.outputPipe(o.name, o.set)
 			if err != nil {
-				return nil, err
+				return err
 			}
-			sink, st := crilog.NewSink(cfg.log, o.name, log)
+			sink, st := crilog.NewSink(cfg.log, o.name, s.log)
 			s.fanOutput(o.name, r, sink, func() { _ = st.Close() })
 		case o.path == "" && cfg.attachable:
 			// Nobody reads this output unless an attach session joins, but an unread
 			// pipe fills up and blocks the process, so it is drained.
 			r, err := s.outputPipe(o.name, o.set)
 			if err != nil {
-				return nil, err
+				return err
 			}
 			s.fanOutput(o.name, r, io.Discard, nil)
 		case o.path != "":
@@ -216,7 +275,7 @@ func openStdio(cfg ioConfig, lp *childStdio, log *slog.Logger) (_ *stdio, retErr
 			if f == nil {
 				fd, err := unix.Open(o.path, unix.O_RDWR|unix.O_CLOEXEC, 0)
 				if err != nil {
-					return nil, fmt.Errorf("open %s fifo %s: %w", o.name, o.path, err)
+					return fmt.Errorf("open %s fifo %s: %w", o.name, o.path, err)
 				}
 				f = os.NewFile(uintptr(fd), o.path)
 				s.childFiles = append(s.childFiles, f)
@@ -228,8 +287,44 @@ func openStdio(cfg ioConfig, lp *childStdio, log *slog.Logger) (_ *stdio, retErr
 			o.set(f)
 		}
 	}
-	return s, nil
+	return nil
 }
+
+// openStdinPipe gives the process a stdin pipe when it has a stdin: for a marker, the
+// shim keeps the write end open for attach sessions (CloseIO closes it); for a FIFO, a
+// copier feeds it.
+func (s *stdio) openStdinPipe(cfg ioConfig, lp *childStdio) error {
+	if cfg.stdin == "" {
+		return nil
+	}
+	marker := cfg.stdinMarker && !isFIFO(cfg.stdin)
+	var c *stdinCopier
+	if !marker {
+		var err error
+		if c, err = openStdinCopier(cfg.stdin); err != nil {
+			return err
+		}
+		s.stdin = c
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("stdin pipe: %w", err)
+	}
+	s.childFiles = append(s.childFiles, r)
+	lp.Stdin = r
+	if marker {
+		s.owned = append(s.owned, w)
+		s.inPipe = w
+		return nil
+	}
+	// The copier owns the write end: closing it is how the process sees EOF.
+	c.dst = w
+	return nil
+}
+
+func (pipes) started(*stdio) error        { return nil }
+func (pipes) resize(uint32, uint32) error { return errNoTerminal }
+func (pipes) abort()                      {}
 
 // outputPipe gives the process a pipe as its stream name (set installs the write end)
 // and returns the read end, which s owns.
@@ -258,29 +353,15 @@ func (s *stdio) fanOutput(name string, src *os.File, dst io.Writer, done func())
 }
 
 // started finishes the setup once the process runs: the shim's copies of the process's
-// ends are closed, the pty master is received, and the copiers start.
+// ends are closed, the kind's ends are received, and the copiers start.
 func (s *stdio) started() error {
 	for _, f := range s.childFiles {
 		_ = f.Close()
 	}
 	s.childFiles = nil
-	if s.consoleSock >= 0 {
-		master, err := recvConsole(s.consoleSock)
-		_ = unix.Close(s.consoleSock)
-		s.consoleSock = -1
-		if err != nil {
-			close(s.drained) // no copier will run
-			return err
-		}
-		s.console = master
-		s.owned = append(s.owned, master)
-		s.outputs = append(s.outputs, output{src: master, dst: s.termOut, done: s.termOutDone})
-		if s.stdin != nil {
-			s.stdin.dst = master
-		}
-		if s.stdin != nil || s.wantStdin {
-			s.inDst = master
-		}
+	if err := s.kind.started(s); err != nil {
+		close(s.drained) // no copier will run
+		return err
 	}
 	s.running.Store(int32(len(s.outputs)))
 	if len(s.outputs) == 0 {
@@ -326,31 +407,16 @@ func (s *stdio) closeStdin() {
 		s.stdin.closeInput()
 	}
 	if s.inPipe != nil {
-		s.finishEndedAttachIns(attachStdinFinish)
+		if !s.sessions.WaitStdin(attachStdinFinish, true) {
+			s.log.Warn("attach stdin copy did not finish before the stdin was closed")
+		}
 		_ = s.inPipe.Close()
 	}
 }
 
-// attachStdinFinish bounds how long CloseIO waits for ended attach sessions' stdin to
-// be copied into the process (which may not be reading it).
-const attachStdinFinish = 2 * time.Second
-
 // resize sets the terminal size.
 func (s *stdio) resize(width, height uint32) error {
-	if s.console == nil {
-		return errNoTerminal
-	}
-	rc, err := s.console.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var ierr error
-	if err := rc.Control(func(fd uintptr) {
-		ierr = unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &unix.Winsize{Row: uint16(height), Col: uint16(width)})
-	}); err != nil {
-		return err
-	}
-	return ierr
+	return s.kind.resize(width, height)
 }
 
 var errNoTerminal = errors.New("the process has no terminal")
@@ -377,18 +443,14 @@ func (s *stdio) abort() {
 		_ = f.Close()
 	}
 	s.childFiles = nil
-	if s.consoleSock >= 0 {
-		_ = unix.Close(s.consoleSock)
-		s.consoleSock = -1
+	if s.kind != nil {
+		s.kind.abort()
 	}
 	for _, f := range s.owned {
 		_ = f.Close()
 	}
 	if s.stdin != nil {
 		s.stdin.stop(s.log)
-	}
-	if s.termOutDone != nil {
-		s.termOutDone()
 	}
 	for _, o := range s.outputs {
 		if o.done != nil {
