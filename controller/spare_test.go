@@ -62,9 +62,7 @@ type spareEnv struct {
 
 func newSpareEnv(t *testing.T) *spareEnv {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("the shim's subreaper and sockets need root")
-	}
+	testutil.RequiresRoot(t, "the shim's subreaper and sockets")
 	shim, err := testShim()
 	if err != nil {
 		t.Fatal(err)

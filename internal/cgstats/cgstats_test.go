@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/crisp-runtime/crisp/internal/cgstats/v2test"
+	"github.com/crisp-runtime/crisp/internal/testutil"
 )
 
 const (
@@ -258,8 +259,9 @@ func TestLoadV2RealKernel(t *testing.T) {
 		mnt = UnifiedMountpoint
 	}
 	var st unix.Statfs_t
-	if os.Geteuid() != 0 || unix.Statfs(mnt, &st) != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
-		t.Skip("needs root and a cgroup2 mount at " + mnt)
+	testutil.RequiresRoot(t, "creates a cgroup under "+mnt)
+	if unix.Statfs(mnt, &st) != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
+		t.Skip("needs a cgroup2 mount at " + mnt)
 	}
 	rel := "/crisp-cgstats-test-" + strconv.Itoa(os.Getpid())
 	dir := mnt + rel

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -24,6 +23,7 @@ import (
 	"github.com/crisp-runtime/crisp/internal/image"
 	"github.com/crisp-runtime/crisp/internal/image/imagetest"
 	"github.com/crisp-runtime/crisp/internal/store"
+	"github.com/crisp-runtime/crisp/internal/testutil"
 )
 
 // TestToStatusKinds: every errdefs kind the services return becomes its gRPC code,
@@ -61,9 +61,7 @@ func TestToStatusKinds(t *testing.T) {
 // checks the code kubelet and crictl see: a bad image is InvalidArgument, refused
 // credentials Unauthenticated or PermissionDenied, a network fault Unavailable.
 func TestPullImageErrorCodes(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("unpacking layers needs root")
-	}
+	testutil.RequiresRoot(t, "unpacks layers")
 	root := t.TempDir()
 	db, err := store.Open(filepath.Join(root, "meta.db"))
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/crisp-runtime/crisp/internal/image/diskspace"
 	"github.com/crisp-runtime/crisp/internal/image/imagetest"
 	"github.com/crisp-runtime/crisp/internal/store"
+	"github.com/crisp-runtime/crisp/internal/testutil"
 	"github.com/crisp-runtime/crisp/internal/testutil/fulldisk"
 )
 
@@ -21,7 +22,7 @@ import (
 // (unmounted when the test ends) with the given reserve; the database stays on disk.
 func newSmallFixture(t *testing.T, size string, minFree int64) *fixture {
 	t.Helper()
-	needRoot(t)
+	testutil.RequiresRoot(t, rootWhy)
 	root := t.TempDir()
 	images := filepath.Join(root, "images")
 	if err := os.Mkdir(images, 0o700); err != nil {

@@ -28,14 +28,11 @@ import (
 	"github.com/crisp-runtime/crisp/internal/image/remote"
 	"github.com/crisp-runtime/crisp/internal/mount"
 	"github.com/crisp-runtime/crisp/internal/store"
+	"github.com/crisp-runtime/crisp/internal/testutil"
 )
 
-func needRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("unpacking layers and mounting overlays needs root")
-	}
-}
+// rootWhy is what the image service tests need root for (testutil.RequiresRoot).
+const rootWhy = "unpacks layers and mounts overlays"
 
 type fixture struct {
 	t    *testing.T
@@ -46,7 +43,7 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	needRoot(t)
+	testutil.RequiresRoot(t, rootWhy)
 	root := t.TempDir()
 	f := &fixture{t: t, root: root}
 	f.open()

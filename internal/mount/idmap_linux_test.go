@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/crisp-runtime/crisp/internal/testutil"
 )
 
 // userNSProcess starts a process in a new user namespace mapping 0 -> 100000 (65536
@@ -77,9 +79,7 @@ func owner(t *testing.T, path string) uint32 {
 // container's root) is stored as 0 in the upper dir; the layers' staging mounts are
 // gone once the overlay is mounted; and once it is unmounted no mount is left.
 func TestAllIDMappedOverlay(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounting needs root")
-	}
+	testutil.RequiresRoot(t, "mounts")
 	pid := userNSProcess(t)
 	uid, gid, err := HostRootIDs(pid)
 	if err != nil || uid != 100000 || gid != 100000 {
@@ -153,9 +153,7 @@ func mountsBelow(t *testing.T, dir string) []string {
 // idmapped layer and mounting the overlay are detached by Unmount of the target, and
 // the layer's files are untouched (the layer was attached read-only).
 func TestUnmountRemovesStaging(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounting needs root")
-	}
+	testutil.RequiresRoot(t, "mounts")
 	dir := t.TempDir()
 	layer, target := filepath.Join(dir, "layer"), filepath.Join(dir, "rootfs")
 	for _, d := range []string{layer, target} {
@@ -201,9 +199,7 @@ func TestUnmountRemovesStaging(t *testing.T) {
 }
 
 func TestAllIDMappedBind(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounting needs root")
-	}
+	testutil.RequiresRoot(t, "mounts")
 	pid := userNSProcess(t)
 	src, dst := t.TempDir(), t.TempDir()
 	if err := os.WriteFile(filepath.Join(src, "f"), []byte("x"), 0o644); err != nil {

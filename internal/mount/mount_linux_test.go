@@ -4,12 +4,12 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/crisp-runtime/crisp/internal/testutil"
 )
 
 func TestBindReadOnly(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounting needs root")
-	}
+	testutil.RequiresRoot(t, "mounts")
 	src, dst := t.TempDir(), t.TempDir()
 	if err := os.WriteFile(filepath.Join(src, "f"), []byte("x"), 0o644); err != nil {
 		t.Fatal(err)

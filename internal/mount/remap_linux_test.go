@@ -7,6 +7,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/crisp-runtime/crisp/internal/testutil"
 )
 
 func TestRemapOptions(t *testing.T) {
@@ -44,9 +46,7 @@ func TestParseIDMaps(t *testing.T) {
 // 100000), the upper dir is used as it is, so what the container's root writes is
 // stored as host uid 100000; no staging mount stays, nothing after Unmount.
 func TestAllRemappedOverlay(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounting needs root")
-	}
+	testutil.RequiresRoot(t, "mounts")
 	dir := overlayTree(t)
 	// containerd's snapshotter chowns the upper dir to the mapped root.
 	if err := os.Chown(filepath.Join(dir, "snap/fs"), 100000, 100000); err != nil {
@@ -93,9 +93,7 @@ func TestAllRemappedOverlay(t *testing.T) {
 
 // TestAllRemappedBind: a bind mount with uidmap/gidmap is idmapped as a whole.
 func TestAllRemappedBind(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounting needs root")
-	}
+	testutil.RequiresRoot(t, "mounts")
 	src, dst := t.TempDir(), t.TempDir()
 	if err := os.WriteFile(filepath.Join(src, "f"), []byte("x"), 0o644); err != nil {
 		t.Fatal(err)

@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/crisp-runtime/crisp/internal/network/netns"
+	"github.com/crisp-runtime/crisp/internal/testutil"
 )
 
 // env is one test's private CNI world: config, cache and IPAM dirs, a bridge and a
@@ -59,9 +60,7 @@ func withConf(f func(e *env) string) envOpt {
 
 func newEnv(t testing.TB, opts ...envOpt) *env {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces, bridges and iptables rules")
-	}
+	testutil.RequiresRoot(t, "creates network namespaces, bridges and iptables rules")
 	if _, err := os.Stat("/usr/lib/cni/bridge"); err != nil {
 		t.Skip("needs Debian's containernetworking-plugins in /usr/lib/cni")
 	}

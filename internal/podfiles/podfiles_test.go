@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/crisp-runtime/crisp/internal/testutil"
 )
 
 func TestResolvConf(t *testing.T) {
@@ -56,9 +58,7 @@ func TestWrite(t *testing.T) {
 }
 
 func TestShmMountAndRemove(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounting a tmpfs needs root")
-	}
+	testutil.RequiresRoot(t, "mounts a tmpfs")
 	dir := t.TempDir()
 	shm := filepath.Join(dir, ShmDir)
 	if err := MountShm(shm); err != nil {

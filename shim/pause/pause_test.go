@@ -15,15 +15,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/crisp-runtime/crisp/internal/testutil"
 	"github.com/crisp-runtime/crisp/shim/reaper"
 )
 
-func needRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the pause process creates namespaces")
-	}
-}
+// rootWhy is what the pause tests need root for (testutil.RequiresRoot).
+const rootWhy = "the pause process creates namespaces"
 
 func nsInode(t *testing.T, pid int, kind string) uint64 {
 	t.Helper()
@@ -55,7 +52,7 @@ func nsenter(t *testing.T, r *reaper.Reaper, pid int, flag string, args ...strin
 }
 
 func TestStartStop(t *testing.T) {
-	needRoot(t)
+	testutil.RequiresRoot(t, rootWhy)
 	tests := []struct {
 		name  string
 		cfg   Config
@@ -115,7 +112,7 @@ func TestStartStop(t *testing.T) {
 }
 
 func TestStartReportsErrors(t *testing.T) {
-	needRoot(t)
+	testutil.RequiresRoot(t, rootWhy)
 	tests := []struct {
 		name string
 		cfg  Config
@@ -144,7 +141,7 @@ func TestStartReportsErrors(t *testing.T) {
 // maps 0 -> 100000, and its network, IPC, UTS and PID namespaces belong to that user
 // namespace, so it can set the hostname and a network sysctl in them.
 func TestStartUserNS(t *testing.T) {
-	needRoot(t)
+	testutil.RequiresRoot(t, rootWhy)
 	ctx := context.Background()
 	cfg := Config{
 		NewIPC: true, NewUTS: true, NewPID: true, NewNet: true,
@@ -233,7 +230,7 @@ func ownerUserNS(t *testing.T, pid int, kind string) uint64 {
 // PID namespaces belong to that user namespace; it is PID 1 of its PID namespace, a
 // child of the caller (adopted through the reaper), and stops like any pause process.
 func TestStartJoinUserNS(t *testing.T) {
-	needRoot(t)
+	testutil.RequiresRoot(t, rootWhy)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	r := reaper.New(slog.New(slog.NewTextHandler(io.Discard, nil)))

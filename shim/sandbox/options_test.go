@@ -2,7 +2,6 @@ package sandbox
 
 import (
 	"fmt"
-	"os"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -13,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
+	"github.com/crisp-runtime/crisp/internal/testutil"
 	"github.com/crisp-runtime/crisp/shim/pause"
 )
 
@@ -109,9 +109,7 @@ func TestSysctlNamespace(t *testing.T) {
 // shim sandboxer) joins the user namespace owning it; a netns of the host's user
 // namespace is refused, since the pod's root would not own its network.
 func TestBuildSpecUserNSNetNS(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates a user namespace")
-	}
+	testutil.RequiresRoot(t, "creates a user namespace")
 	holder := exec.Command("sleep", "60")
 	holder.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags:  unix.CLONE_NEWUSER | unix.CLONE_NEWNET,

@@ -28,6 +28,9 @@ import (
 	"github.com/crisp-runtime/crisp/shim/sandbox"
 )
 
+// rootWhy is what the shim tests need root for (testutil.RequiresRoot).
+const rootWhy = "the shim creates namespaces, cgroups and sockets under /run"
+
 // shimBin is the binary under test, built once by TestMain.
 var shimBin string
 
@@ -77,13 +80,6 @@ func moduleRoot() (string, error) {
 		return "", fmt.Errorf("go env GOMOD: %w", err)
 	}
 	return filepath.Dir(strings.TrimSpace(string(out))), nil
-}
-
-func needRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the shim creates namespaces, cgroups and sockets under /run")
-	}
 }
 
 func randSuffix(t *testing.T) string {

@@ -29,6 +29,7 @@ import (
 	taskapi "github.com/crisp-runtime/crisp/api/containerd/task/v3"
 	"github.com/crisp-runtime/crisp/api/containerd/types"
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
+	"github.com/crisp-runtime/crisp/internal/testutil"
 	"github.com/crisp-runtime/crisp/internal/version"
 	"github.com/crisp-runtime/crisp/shim/sandbox"
 )
@@ -36,7 +37,7 @@ import (
 // TestStart covers both start protocols: what is printed, where the socket lives, that it
 // answers, and that a second start for the same id finds the running shim.
 func TestStart(t *testing.T) {
-	needRoot(t)
+	testutil.RequiresRoot(t, rootWhy)
 	runcOpts, err := anypb.New(&options.Options{BinaryName: "runc", SystemdCgroup: true})
 	if err != nil {
 		t.Fatal(err)
@@ -151,7 +152,7 @@ func mustMarshal(t *testing.T, m proto.Message) []byte {
 // TestSandboxLifecycle creates and starts sandboxes with different namespace modes and
 // checks the pause process from the outside, then stops and shuts them down.
 func TestSandboxLifecycle(t *testing.T) {
-	needRoot(t)
+	testutil.RequiresRoot(t, rootWhy)
 	hostShm := readTrim(t, "/proc/sys/kernel/shm_rmid_forced")
 	hostPort := readTrim(t, "/proc/sys/net/ipv4/ip_unprivileged_port_start")
 	podShm := map[string]string{"0": "1", "1": "0"}[hostShm]
@@ -352,7 +353,7 @@ func TestSandboxLifecycle(t *testing.T) {
 // TestWaitSandboxBlocks checks that WaitSandbox returns only once the pause exits, and
 // that an unexpected pause death shows in the status.
 func TestWaitSandboxBlocks(t *testing.T) {
-	needRoot(t)
+	testutil.RequiresRoot(t, rootWhy)
 	ctx := ctxT(t)
 	s := startShim(t)
 	opts := &optionsv1.SandboxOptions{CgroupParent: cgroupParent(t)}
@@ -393,7 +394,7 @@ func TestWaitSandboxBlocks(t *testing.T) {
 // TestDeleteAfterShimKilled kills the shim with SIGKILL and checks that `delete` kills
 // the pause process, removes cgroup and socket, prints a DeleteResponse, and can run twice.
 func TestDeleteAfterShimKilled(t *testing.T) {
-	needRoot(t)
+	testutil.RequiresRoot(t, rootWhy)
 	ctx := ctxT(t)
 	s := startShim(t)
 	parent := cgroupParent(t)
@@ -445,7 +446,7 @@ func TestDeleteAfterShimKilled(t *testing.T) {
 
 // TestSIGTERMShutsDown checks that SIGTERM to the shim cleans up like ShutdownSandbox.
 func TestSIGTERMShutsDown(t *testing.T) {
-	needRoot(t)
+	testutil.RequiresRoot(t, rootWhy)
 	ctx := ctxT(t)
 	s := startShim(t)
 	parent := cgroupParent(t)
@@ -473,7 +474,7 @@ func TestSIGTERMShutsDown(t *testing.T) {
 // TestCreateSandboxRejectsBadOptions checks that invalid requests fail as
 // InvalidArgument and leave nothing behind.
 func TestCreateSandboxRejectsBadOptions(t *testing.T) {
-	needRoot(t)
+	testutil.RequiresRoot(t, rootWhy)
 	ctx := ctxT(t)
 	s := startShim(t)
 	parent := cgroupParent(t)
@@ -560,7 +561,7 @@ func firstNonEmpty(a, b string) string {
 
 // TestInfoAndVersion checks -info (protobuf RuntimeInfo) and the version flags.
 func TestInfoAndVersion(t *testing.T) {
-	needRoot(t)
+	testutil.RequiresRoot(t, rootWhy)
 	out, err := exec.Command(shimBin, "-info").Output()
 	if err != nil {
 		t.Fatal(err)
@@ -601,7 +602,7 @@ func TestInfoAndVersion(t *testing.T) {
 
 // TestStartFailureLeavesNothing checks a failing start: exit 1, message on stderr, no socket.
 func TestStartFailureLeavesNothing(t *testing.T) {
-	needRoot(t)
+	testutil.RequiresRoot(t, rootWhy)
 	bundle := t.TempDir()
 	cmd := exec.Command(shimBin, "-namespace", "x", "-address", "a", "start")
 	cmd.Dir = bundle

@@ -26,6 +26,7 @@ import (
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/api/shimapi"
 	"github.com/crisp-runtime/crisp/internal/mount"
+	"github.com/crisp-runtime/crisp/internal/testutil"
 )
 
 // busyboxLower is a directory with Debian's busybox-static and its applets: the lower
@@ -111,7 +112,7 @@ type pod struct {
 // helpers kill and `delete` whatever is left.
 func startPod(t *testing.T) *pod {
 	t.Helper()
-	needRoot(t)
+	testutil.RequiresRoot(t, rootWhy)
 	busyboxLower(t)
 	ctx := ctxT(t)
 	s := startShim(t)

@@ -6,15 +6,14 @@ import (
 	"testing"
 
 	"github.com/crisp-runtime/crisp/internal/mount"
+	"github.com/crisp-runtime/crisp/internal/testutil"
 )
 
 // TestChownedFor: a snapshot whose writable layer belongs to the user namespace's root
 // (containerd's chowned snapshot, host ids on disk) is told apart from crisp's own
 // (in-container ids), which gets idmapped layers.
 func TestChownedFor(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("chown needs root")
-	}
+	testutil.RequiresRoot(t, "chowns files to other users")
 	dir := t.TempDir()
 	mk := func(name string, uid int) string {
 		p := filepath.Join(dir, name)

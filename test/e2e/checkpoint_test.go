@@ -19,6 +19,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/crisp-runtime/crisp/internal/testutil"
 )
 
 // needCRIU skips when CRIU cannot work here, saying why: when `criu check` fails, and
@@ -153,7 +155,7 @@ func wantCode(t *testing.T, what string, err error, code codes.Code) {
 }
 
 func TestE2ECheckpointRestore(t *testing.T) {
-	needRoot(t)
+	testutil.RequiresRoot(t, rootWhy)
 	needCRIU(t)
 	e := newEnv(t)
 	e.start()
@@ -377,7 +379,7 @@ func TestE2ECheckpointRestore(t *testing.T) {
 
 // TestE2ECheckpointErrors checks the refusals, which need no working CRIU.
 func TestE2ECheckpointErrors(t *testing.T) {
-	needRoot(t)
+	testutil.RequiresRoot(t, rootWhy)
 	e := newEnv(t)
 	e.start()
 	ctx := ctxT(t)
@@ -457,7 +459,7 @@ func TestE2ECheckpointErrors(t *testing.T) {
 // either it finishes in time, or the call fails with DeadlineExceeded, writes nothing
 // and leaves the container running and stoppable (CRIU is killed, not waited for).
 func TestE2ECheckpointDeadline(t *testing.T) {
-	needRoot(t)
+	testutil.RequiresRoot(t, rootWhy)
 	if out, err := exec.Command("criu", "check").CombinedOutput(); err != nil {
 		t.Skipf("criu check failed (install CRIU >= 4 with hack/criu.sh): %v: %s", err, bytes.TrimSpace(out))
 	}

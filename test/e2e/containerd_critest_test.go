@@ -17,6 +17,7 @@ import (
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/crisp-runtime/crisp/internal/image/imagetest"
+	"github.com/crisp-runtime/crisp/internal/testutil"
 )
 
 // critestVersion is the critest hack/critest.sh builds into its cache.
@@ -53,7 +54,7 @@ func TestE2EContainerdCritest(t *testing.T) {
 	if os.Getenv("CRISP_CRITEST") == "" {
 		t.Skip("opt-in: CRISP_CRITEST=1 (make critest-containerd) runs critest through containerd per handler")
 	}
-	needRoot(t)
+	testutil.RequiresRoot(t, rootWhy)
 	critest := filepath.Join(cachedBinDir(t, "CRITEST_CACHE", "/var/cache/crisp/critest-v"+critestVersion,
 		"hack/critest.sh", "critest"), "critest")
 	handlers := []string{"runc", "crisp-pod", "crisp-shim"}

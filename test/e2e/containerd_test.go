@@ -29,6 +29,7 @@ import (
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/crisp-runtime/crisp/internal/image/imagetest"
+	"github.com/crisp-runtime/crisp/internal/testutil"
 )
 
 // containerdVersion is the containerd hack/containerd.sh builds into its cache.
@@ -117,7 +118,7 @@ type ctrdOption func(c *ctrd, config *string)
 
 func newContainerd(t *testing.T, opts ...ctrdOption) *ctrd {
 	t.Helper()
-	needRoot(t)
+	testutil.RequiresRoot(t, rootWhy)
 	ctrdBin := containerdBinDir(t)
 	crispBin := buildBinaries(t)
 	// Short: shim sockets are made below it and unix socket paths max out at 108 bytes.

@@ -31,6 +31,8 @@ import (
 	"k8s.io/client-go/transport/spdy"
 	clientexec "k8s.io/client-go/util/exec"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/crisp-runtime/crisp/internal/testutil"
 )
 
 // gvisorVersion is the gVisor hack/gvisor.sh builds into its cache.
@@ -1054,7 +1056,7 @@ func newCrispGVisor(t *testing.T, bin string) *gvTarget {
 // every check of gvChecks on both, reported side by side, and pod start p50 of both,
 // interleaved. crisp must pass every check containerd passes.
 func TestE2EGVisor(t *testing.T) {
-	needRoot(t)
+	testutil.RequiresRoot(t, rootWhy)
 	bin := gvisorBinDir(t)
 	targets := []*gvTarget{newCrispGVisor(t, bin)}
 	var ctrdSkip string

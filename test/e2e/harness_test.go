@@ -27,6 +27,9 @@ import (
 	"github.com/crisp-runtime/crisp/internal/version"
 )
 
+// rootWhy is what end-to-end tests need root for (testutil.RequiresRoot).
+const rootWhy = "the end-to-end tests create namespaces, cgroups, bridges and veths"
+
 // binDir holds the binaries built once for all tests.
 var (
 	buildOnce sync.Once
@@ -40,14 +43,6 @@ func TestMain(m *testing.M) {
 		os.RemoveAll(binDir)
 	}
 	os.Exit(code)
-}
-
-// needRoot skips a test that needs root and real namespaces.
-func needRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("end-to-end tests need root: they create namespaces, cgroups, bridges and veths")
-	}
 }
 
 func buildBinaries(t *testing.T) string {
@@ -98,7 +93,7 @@ type env struct {
 // is removed when the test ends.
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	needRoot(t)
+	testutil.RequiresRoot(t, rootWhy)
 	bins := buildBinaries(t)
 	// Short paths: shim sockets live under the state dir and unix paths max out at 108.
 	dir, err := os.MkdirTemp("/tmp", "crisp-e2e-")

@@ -58,7 +58,7 @@ func systemdLeftovers() []string {
 // shim is the installed one, then removes and purges the package and checks that
 // nothing of it is left.
 func TestE2EPackage(t *testing.T) {
-	needRoot(t)
+	testutil.RequiresRoot(t, rootWhy)
 	for _, tool := range []string{"dpkg", "dpkg-deb", "make"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("%s not found: the package test needs Debian's dpkg", tool)

@@ -9,6 +9,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/crisp-runtime/crisp/internal/testutil"
 )
 
 const countScript = "i=0; while :; do echo $i; i=$((i+1)); sleep 0.2; done"
@@ -40,7 +42,7 @@ func dirEntries(t *testing.T, dir string) []string {
 // (after its refusals) and starts both containers: each resumes its count where the
 // checkpoint cut it.
 func TestE2ECheckpointPod(t *testing.T) {
-	needRoot(t)
+	testutil.RequiresRoot(t, rootWhy)
 	needCRIU(t)
 	e := newEnv(t)
 	e.start()

@@ -10,6 +10,8 @@ import (
 
 	"github.com/opencontainers/runtime-spec/specs-go"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/crisp-runtime/crisp/internal/testutil"
 )
 
 func idmap(ctr, host, length uint32) *runtime.IDMapping {
@@ -284,9 +286,7 @@ func TestGenerateUserNSHostNetwork(t *testing.T) {
 }
 
 func TestIDMappedMountsSupported(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: idmapped mounts need CAP_SYS_ADMIN")
-	}
+	testutil.RequiresRoot(t, "idmapped mounts need CAP_SYS_ADMIN")
 	// /proc cannot be idmapped: the probe must say so rather than claim support.
 	if err := IDMappedMountsSupported("/proc"); err == nil {
 		t.Error("IDMappedMountsSupported(/proc) = nil, want an error")

@@ -79,7 +79,7 @@ func TestUnpackFullDisk(t *testing.T) {
 // database stays on the disk. It returns the root too.
 func fullDiskFixture(t *testing.T, opts string) (string, *fixture) {
 	t.Helper()
-	requireRoot(t)
+	requireOverlay(t)
 	base := t.TempDir()
 	root := filepath.Join(base, "s")
 	if err := os.Mkdir(root, 0o700); err != nil {

@@ -18,14 +18,13 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/crisp-runtime/crisp/internal/store"
+	"github.com/crisp-runtime/crisp/internal/testutil"
 )
 
-// requireRoot skips tests that need what only root may do here.
-func requireRoot(t testing.TB) {
+// requireOverlay skips tests that need root and overlayfs.
+func requireOverlay(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: layers carry device nodes, foreign owners and trusted.overlay xattrs, and the test mounts overlays")
-	}
+	testutil.RequiresRoot(t, "layers carry device nodes, foreign owners and trusted.overlay xattrs, and the test mounts overlays")
 	data, err := os.ReadFile("/proc/filesystems")
 	if err != nil || !strings.Contains(string(data), "\toverlay\n") {
 		t.Skip("needs overlayfs in the kernel")
@@ -43,7 +42,7 @@ type fixture struct {
 // newFixture opens a snapshotter under base, or under a new temp dir if base is "".
 func newFixture(t testing.TB, base string) *fixture {
 	t.Helper()
-	requireRoot(t)
+	requireOverlay(t)
 	if base == "" {
 		base = t.TempDir()
 	}

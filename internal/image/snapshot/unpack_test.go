@@ -29,7 +29,7 @@ import (
 // Apply did that until unpacks became concurrent), and what the snapshotter's own
 // sequential Apply makes.
 func TestConcurrentUnpack(t *testing.T) {
-	requireRoot(t)
+	requireOverlay(t)
 	tests := []struct {
 		name   string
 		layers [][]entry

@@ -15,14 +15,12 @@ import (
 	"github.com/vishvananda/netlink"
 	vns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/crisp-runtime/crisp/internal/testutil"
 )
 
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces and mounts")
-	}
-}
+// rootWhy is what the netns tests need root for (testutil.RequiresRoot).
+const rootWhy = "creates network namespaces and mounts"
 
 // testDir returns a pin directory that is unmounted again when the test ends.
 func testDir(t *testing.T) string {
@@ -37,7 +35,7 @@ func testDir(t *testing.T) string {
 }
 
 func TestNewRemove(t *testing.T) {
-	requireRoot(t)
+	testutil.RequiresRoot(t, rootWhy)
 	dir := testDir(t)
 
 	path, err := New(dir, "pod1")
@@ -181,7 +179,7 @@ func TestRemove(t *testing.T) {
 // TestRemoveBusy covers the two ways a pin resists a plain unmount: an open file
 // descriptor through the mount (EBUSY, so MNT_DETACH) and a mount stacked on top.
 func TestRemoveBusy(t *testing.T) {
-	requireRoot(t)
+	testutil.RequiresRoot(t, rootWhy)
 	dir := testDir(t)
 	tests := []struct {
 		name string
@@ -225,7 +223,7 @@ func TestRemoveBusy(t *testing.T) {
 // must bring its thread back out, or that thread keeps a removed pod's namespace
 // (and veth) alive for the life of the process.
 func TestNoThreadLeftInside(t *testing.T) {
-	requireRoot(t)
+	testutil.RequiresRoot(t, rootWhy)
 	dir := testDir(t)
 	host, err := os.Readlink("/proc/self/ns/net")
 	if err != nil {
@@ -259,7 +257,7 @@ func TestNoThreadLeftInside(t *testing.T) {
 }
 
 func TestNewTiming(t *testing.T) {
-	requireRoot(t)
+	testutil.RequiresRoot(t, rootWhy)
 	dir := testDir(t)
 	var newTotal, rmTotal time.Duration
 	const n = 20

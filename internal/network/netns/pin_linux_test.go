@@ -11,13 +11,15 @@ import (
 	"github.com/vishvananda/netlink"
 	vns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/crisp-runtime/crisp/internal/testutil"
 )
 
 // TestPin: Pin pins the network namespace a process made (here inside a new user
 // namespace, as a userns pod's pause process does), brings its lo up, and Remove
 // unpins it.
 func TestPin(t *testing.T) {
-	requireRoot(t)
+	testutil.RequiresRoot(t, rootWhy)
 	cmd := exec.Command("sleep", "60")
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags:  unix.CLONE_NEWUSER | unix.CLONE_NEWNET,

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/crisp-runtime/crisp/internal/testutil"
 )
 
 // MountNoCleanup mounts a tmpfs with opts ("size=8m", "size=8m,nr_inodes=64") on dir,
@@ -15,9 +17,7 @@ import (
 // caller, for one whose own cleanup must run first (a daemon using the mount stopped).
 func MountNoCleanup(t testing.TB, dir, opts string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("mounting a size-limited tmpfs needs root")
-	}
+	testutil.RequiresRoot(t, "mounts a size-limited tmpfs")
 	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, opts); err != nil {
 		t.Fatalf("mount tmpfs (%s) on %s: %v", opts, dir, err)
 	}
