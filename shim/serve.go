@@ -124,7 +124,11 @@ func Serve(ctx context.Context, f Flags, log *slog.Logger) error {
 		l.Close()
 		return err
 	}
-	server, err := ttrpc.NewServer()
+	// The services return errdefs kinds; they become gRPC codes here, once.
+	server, err := ttrpc.NewServer(ttrpc.WithUnaryServerInterceptor(func(ctx context.Context, um ttrpc.Unmarshaler, _ *ttrpc.UnaryServerInfo, m ttrpc.Method) (any, error) {
+		resp, err := m(ctx, um)
+		return resp, task.GRPCStatus(err)
+	}))
 	if err != nil {
 		l.Close()
 		return fmt.Errorf("ttrpc server: %w", err)

@@ -4,10 +4,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containerd/errdefs"
 	"github.com/opencontainers/cgroups"
 	cgsystemd "github.com/opencontainers/cgroups/systemd"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/crisp-runtime/crisp/internal/cgstats"
 )
@@ -73,7 +72,7 @@ func TestCgroupConfig(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := cgroupConfig(id, tc.parent, tc.systemd)
 			if tc.wantInvalid {
-				if status.Code(err) != codes.InvalidArgument {
+				if !errdefs.IsInvalidArgument(err) {
 					t.Fatalf("cgroupConfig = %+v, %v; want InvalidArgument", got, err)
 				}
 				if tc.wantErrSubstr != "" && !strings.Contains(err.Error(), tc.wantErrSubstr) {

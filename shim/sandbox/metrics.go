@@ -5,8 +5,7 @@ import (
 	"errors"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
+	"github.com/containerd/errdefs"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
@@ -34,9 +33,9 @@ func (s *Service) SandboxMetrics(ctx context.Context, req *sandboxapi.SandboxMet
 		err = rerr
 	}
 	if errors.Is(err, cgstats.ErrGone) {
-		return nil, status.Errorf(codes.FailedPrecondition, "sandbox %q has no cgroup (stopped?): %v", s.id, err)
+		return nil, kindf(errdefs.ErrFailedPrecondition, "sandbox %q has no cgroup (stopped?): %v", s.id, err)
 	}
-	return nil, status.Errorf(codes.Internal, "metrics of sandbox %q: %v", s.id, err)
+	return nil, kindf(errdefs.ErrInternal, "metrics of sandbox %q: %v", s.id, err)
 }
 
 func (s *Service) metricsCgroup(sb *sandbox) (*cgstats.Cgroup, error) {

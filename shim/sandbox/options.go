@@ -6,9 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
@@ -47,7 +46,17 @@ const (
 )
 
 func invalid(format string, args ...any) error {
-	return status.Errorf(codes.InvalidArgument, format, args...)
+	return kindf(errdefs.ErrInvalidArgument, format, args...)
+}
+
+// messageKind is an errdefs kind that takes a message of its own.
+type messageKind interface{ WithMessage(string) error }
+
+// kindf is an error of kind whose text is the formatted message alone: the shim's
+// ttrpc server turns the kind into the gRPC code (task.GRPCStatus), and fmt.Errorf's
+// "%w" would append the kind's name to the message the wire has always carried.
+func kindf(kind messageKind, format string, args ...any) error {
+	return kind.WithMessage(fmt.Sprintf(format, args...))
 }
 
 // ValidID reports whether id can name a sandbox: it becomes part of cgroup and unit names.
@@ -292,10 +301,10 @@ func netnsOfOwnUserNS(path string) (bool, error) {
 	defer unix.Close(owner)
 	var o, self unix.Stat_t
 	if err := unix.Fstat(owner, &o); err != nil {
-		return false, status.Errorf(codes.Internal, "netns_path %q: stat its user namespace: %v", path, err)
+		return false, kindf(errdefs.ErrInternal, "netns_path %q: stat its user namespace: %v", path, err)
 	}
 	if err := unix.Stat("/proc/self/ns/user", &self); err != nil {
-		return false, status.Errorf(codes.Internal, "stat own user namespace: %v", err)
+		return false, kindf(errdefs.ErrInternal, "stat own user namespace: %v", err)
 	}
 	return o.Dev == self.Dev && o.Ino == self.Ino, nil
 }

@@ -7,9 +7,8 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/internal/testutil"
@@ -65,7 +64,7 @@ func TestBuildSpec(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			spec, err := buildSpec(tt.id, tt.netns, tt.opts)
 			if tt.wantErr {
-				if status.Code(err) != codes.InvalidArgument {
+				if !errdefs.IsInvalidArgument(err) {
 					t.Fatalf("err = %v, want InvalidArgument", err)
 				}
 				return
@@ -136,7 +135,7 @@ func TestBuildSpecUserNSNetNS(t *testing.T) {
 		t.Errorf("checkIDMaps of another uid range: %v, want an error naming uid_map", err)
 	}
 	_, err = buildSpec("p1", "/proc/self/ns/net", opts)
-	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "host's user namespace") {
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "host's user namespace") {
 		t.Errorf("buildSpec with a host-owned netns: %v, want InvalidArgument naming the host's user namespace", err)
 	}
 }

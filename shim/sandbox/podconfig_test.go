@@ -5,8 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
+	"github.com/containerd/errdefs"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -176,7 +175,7 @@ func TestUnpackPodSandboxConfigErrors(t *testing.T) {
 			NamespaceOptions: &runtime.NamespaceOption{UsernsOptions: &runtime.UserNamespace{Mode: runtime.NamespaceMode_CONTAINER}}}}}, "runtime.v1.PodSandboxConfig"),
 		"other message": {TypeUrl: "runtime.v1.ContainerConfig"},
 	} {
-		if _, _, err := unpackOptions(a); status.Code(err) != codes.InvalidArgument {
+		if _, _, err := unpackOptions(a); !errdefs.IsInvalidArgument(err) {
 			t.Errorf("%s: got %v, want InvalidArgument", name, err)
 		}
 	}

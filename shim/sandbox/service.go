@@ -12,9 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/opencontainers/cgroups"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
@@ -113,12 +112,12 @@ func New(cfg Config) *Service {
 
 func (s *Service) lookup(id string) (*sandbox, error) {
 	if id != s.id {
-		return nil, status.Errorf(codes.NotFound, "sandbox %q not found: this shim serves %q", id, s.id)
+		return nil, kindf(errdefs.ErrNotFound, "sandbox %q not found: this shim serves %q", id, s.id)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.sb == nil {
-		return nil, status.Errorf(codes.NotFound, "sandbox %q not created yet", id)
+		return nil, kindf(errdefs.ErrNotFound, "sandbox %q not created yet", id)
 	}
 	return s.sb, nil
 }
@@ -134,7 +133,7 @@ func (s *Service) CreateSandbox(ctx context.Context, req *sandboxapi.CreateSandb
 	exists := s.sb != nil
 	s.mu.Unlock()
 	if exists {
-		return nil, status.Errorf(codes.AlreadyExists, "sandbox %q already created", s.id)
+		return nil, kindf(errdefs.ErrAlreadyExists, "sandbox %q already created", s.id)
 	}
 	opts, files, err := unpackOptions(req.GetOptions())
 	if err != nil {
@@ -151,7 +150,7 @@ func (s *Service) CreateSandbox(ctx context.Context, req *sandboxapi.CreateSandb
 	}
 	m, err := spec.cgroup.manager()
 	if err != nil {
-		return nil, status.Errorf(codes.FailedPrecondition, "%v", err)
+		return nil, kindf(errdefs.ErrFailedPrecondition, "%v", err)
 	}
 	var paths *podfiles.Paths
 	if files != nil {
@@ -174,7 +173,7 @@ func (s *Service) CreateSandbox(ctx context.Context, req *sandboxapi.CreateSandb
 			if derr := destroyCgroup(m, s.log); derr != nil {
 				s.log.Error("remove partly created pod cgroup", "error", derr)
 			}
-			return nil, status.Errorf(codes.Internal, "create pod cgroup %s: %v", spec.cgroup, err)
+			return nil, kindf(errdefs.ErrInternal, "create pod cgroup %s: %v", spec.cgroup, err)
 		}
 	}
 	sb := &sandbox{
@@ -200,7 +199,7 @@ func (s *Service) CreateSandbox(ctx context.Context, req *sandboxapi.CreateSandb
 		if derr := destroyCgroup(m, s.log); derr != nil {
 			s.log.Error("remove pod cgroup after failed create", "error", derr)
 		}
-		return nil, status.Errorf(codes.Internal, "%v", err)
+		return nil, kindf(errdefs.ErrInternal, "%v", err)
 	}
 	s.log.Info("sandbox created", "cgroup", spec.cgroup.String(), "netns", spec.netnsPath, "namespaces", spec.modes)
 	return &sandboxapi.CreateSandboxResponse{}, nil
@@ -221,7 +220,7 @@ func (s *Service) StartSandbox(ctx context.Context, req *sandboxapi.StartSandbox
 		return &sandboxapi.StartSandboxResponse{Pid: uint32(p.Pid()), CreatedAt: timestamppb.New(p.StartedAt())}, nil
 	}
 	if stopped || p != nil {
-		return nil, status.Errorf(codes.FailedPrecondition, "sandbox %q has already stopped; create a new one", s.id)
+		return nil, kindf(errdefs.ErrFailedPrecondition, "sandbox %q has already stopped; create a new one", s.id)
 	}
 
 	spec := sb.spec
@@ -241,31 +240,31 @@ func (s *Service) StartSandbox(ctx context.Context, req *sandboxapi.StartSandbox
 	}
 	p, err = pause.Start(ctx, cfg)
 	if err != nil {
-		return nil, status.Errorf(codes.Internal, "start sandbox %q: %v", s.id, err)
+		return nil, kindf(errdefs.ErrInternal, "start sandbox %q: %v", s.id, err)
 	}
 	pid := p.Pid()
-	fail := func(code codes.Code, format string, args ...any) (*sandboxapi.StartSandboxResponse, error) {
+	fail := func(kind messageKind, format string, args ...any) (*sandboxapi.StartSandboxResponse, error) {
 		if err := p.Stop(context.WithoutCancel(ctx), 0); err != nil {
 			s.log.Error("kill pause process after failed start", "pid", pid, "error", err)
 		}
-		return nil, status.Errorf(code, format, args...)
+		return nil, kindf(kind, format, args...)
 	}
 	if spec.joinUserNS {
 		// The joined user namespace is the caller's: it must map what the pod asked for.
 		if err := checkIDMaps(pid, *spec.userns); err != nil {
-			return fail(codes.InvalidArgument, "sandbox %q: the user namespace owning netns_path %q %v", s.id, spec.netnsPath, err)
+			return fail(errdefs.ErrInvalidArgument, "sandbox %q: the user namespace owning netns_path %q %v", s.id, spec.netnsPath, err)
 		}
 	}
 	st, err := proc.ReadStat(pid)
 	if err != nil {
-		return fail(codes.Internal, "identify pause process: %v", err)
+		return fail(errdefs.ErrInternal, "identify pause process: %v", err)
 	}
 	if err := sb.cg.Apply(pid); err != nil {
-		return fail(codes.Internal, "put pause process %d into cgroup %s: %v", pid, spec.cgroup, err)
+		return fail(errdefs.ErrInternal, "put pause process %d into cgroup %s: %v", pid, spec.cgroup, err)
 	}
 	floor, err := proc.OOMScoreAdj(0)
 	if err != nil {
-		return fail(codes.Internal, "%v", err)
+		return fail(errdefs.ErrInternal, "%v", err)
 	}
 	score, clamped := proc.ClampOOMScoreAdj(spec.oomScore, floor)
 	if clamped {
@@ -273,7 +272,7 @@ func (s *Service) StartSandbox(ctx context.Context, req *sandboxapi.StartSandbox
 		s.log.Warn("oom_score_adj clamped to the shim's own", "requested", spec.oomScore, "applied", score)
 	}
 	if err := proc.SetOOMScoreAdj(pid, score); err != nil {
-		return fail(codes.Internal, "%v", err)
+		return fail(errdefs.ErrInternal, "%v", err)
 	}
 
 	started := p.StartedAt().UTC()
@@ -286,7 +285,7 @@ func (s *Service) StartSandbox(ctx context.Context, req *sandboxapi.StartSandbox
 		s.mu.Lock()
 		sb.pause, sb.stopped = nil, false
 		s.mu.Unlock()
-		return fail(codes.Internal, "%v", err)
+		return fail(errdefs.ErrInternal, "%v", err)
 	}
 	go s.monitor(sb, p)
 	s.log.Info("sandbox started", "pause_pid", pid, "oom_score_adj", score)
@@ -336,7 +335,7 @@ func isDone(ch <-chan struct{}) bool {
 // Platform reports the platform containers of this sandbox run on.
 func (s *Service) Platform(ctx context.Context, req *sandboxapi.PlatformRequest) (*sandboxapi.PlatformResponse, error) {
 	if req.GetSandboxID() != "" && req.GetSandboxID() != s.id {
-		return nil, status.Errorf(codes.NotFound, "sandbox %q not found: this shim serves %q", req.GetSandboxID(), s.id)
+		return nil, kindf(errdefs.ErrNotFound, "sandbox %q not found: this shim serves %q", req.GetSandboxID(), s.id)
 	}
 	return &sandboxapi.PlatformResponse{Platform: &types.Platform{OS: "linux", Architecture: runtime.GOARCH}}, nil
 }
@@ -364,7 +363,7 @@ func (s *Service) stop(ctx context.Context, sb *sandbox, grace time.Duration) er
 	s.mu.Unlock()
 	if p != nil {
 		if err := p.Stop(ctx, grace); err != nil {
-			return status.Errorf(codes.Internal, "stop sandbox %q: %v", s.id, err)
+			return kindf(errdefs.ErrInternal, "stop sandbox %q: %v", s.id, err)
 		}
 		// The monitor records the exit; wait so that a status right after this call
 		// already shows it.
@@ -373,7 +372,7 @@ func (s *Service) stop(ctx context.Context, sb *sandbox, grace time.Duration) er
 		s.finish(sb, 0, time.Now())
 	}
 	if err := destroyCgroup(sb.cg, s.log); err != nil {
-		return status.Errorf(codes.Internal, "stop sandbox %q: %v", s.id, err)
+		return kindf(errdefs.ErrInternal, "stop sandbox %q: %v", s.id, err)
 	}
 	s.log.Info("sandbox stopped", "grace", grace.String())
 	return nil
@@ -388,7 +387,7 @@ func (s *Service) WaitSandbox(ctx context.Context, req *sandboxapi.WaitSandboxRe
 	select {
 	case <-sb.done:
 	case <-ctx.Done():
-		return nil, status.FromContextError(ctx.Err()).Err()
+		return nil, ctx.Err()
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -447,7 +446,7 @@ func (s *Service) SandboxStatus(ctx context.Context, req *sandboxapi.SandboxStat
 // PingSandbox answers as long as the shim serves.
 func (s *Service) PingSandbox(ctx context.Context, req *sandboxapi.PingRequest) (*sandboxapi.PingResponse, error) {
 	if req.GetSandboxID() != "" && req.GetSandboxID() != s.id {
-		return nil, status.Errorf(codes.NotFound, "sandbox %q not found: this shim serves %q", req.GetSandboxID(), s.id)
+		return nil, kindf(errdefs.ErrNotFound, "sandbox %q not found: this shim serves %q", req.GetSandboxID(), s.id)
 	}
 	return &sandboxapi.PingResponse{}, nil
 }
@@ -457,7 +456,7 @@ func (s *Service) PingSandbox(ctx context.Context, req *sandboxapi.PingRequest) 
 // delete` repeats the cleanup from sandbox.json.
 func (s *Service) ShutdownSandbox(ctx context.Context, req *sandboxapi.ShutdownSandboxRequest) (*sandboxapi.ShutdownSandboxResponse, error) {
 	if req.GetSandboxID() != s.id {
-		return nil, status.Errorf(codes.NotFound, "sandbox %q not found: this shim serves %q", req.GetSandboxID(), s.id)
+		return nil, kindf(errdefs.ErrNotFound, "sandbox %q not found: this shim serves %q", req.GetSandboxID(), s.id)
 	}
 	err := s.Shutdown(ctx)
 	s.beforeReply()
@@ -492,7 +491,7 @@ func (s *Service) Shutdown(ctx context.Context) error {
 
 // UpdateSandbox is not implemented yet.
 func (s *Service) UpdateSandbox(ctx context.Context, req *sandboxapi.UpdateSandboxRequest) (*sandboxapi.UpdateSandboxResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "UpdateSandbox is not implemented by crisp-shim-runc")
+	return nil, errdefs.ErrNotImplemented.WithMessage("UpdateSandbox is not implemented by crisp-shim-runc")
 }
 
 // Exit is what `delete` reports for a dead shim's sandbox.
@@ -573,18 +572,18 @@ func (s *Service) writePodFiles(spec podSpec, pod podfiles.Pod) (podfiles.Paths,
 		// The pod keeps the host's UTS namespace: its hostname is the host's.
 		h, err := os.Hostname()
 		if err != nil {
-			return podfiles.Paths{}, status.Errorf(codes.Internal, "pod files: %v", err)
+			return podfiles.Paths{}, kindf(errdefs.ErrInternal, "pod files: %v", err)
 		}
 		pod.Hostname = h
 	}
 	dir := filepath.Join(s.bundle, podFilesDir)
 	if err := podfiles.Write(dir, pod); err != nil {
-		return podfiles.Paths{}, status.Errorf(codes.Internal, "pod files: %v", err)
+		return podfiles.Paths{}, kindf(errdefs.ErrInternal, "pod files: %v", err)
 	}
 	if spec.newIPC {
 		if err := podfiles.MountShm(filepath.Join(dir, podfiles.ShmDir)); err != nil {
 			_ = podfiles.Remove(dir)
-			return podfiles.Paths{}, status.Errorf(codes.Internal, "%v", err)
+			return podfiles.Paths{}, kindf(errdefs.ErrInternal, "%v", err)
 		}
 	}
 	return podfiles.In(dir, spec.newIPC), nil
@@ -593,7 +592,7 @@ func (s *Service) writePodFiles(spec podSpec, pod podfiles.Pod) (podfiles.Paths,
 func (s *Service) removePodFiles() error {
 	if err := podfiles.Remove(filepath.Join(s.bundle, podFilesDir)); err != nil {
 		s.log.Error("remove pod files", "error", err)
-		return status.Errorf(codes.Internal, "%v", err)
+		return kindf(errdefs.ErrInternal, "%v", err)
 	}
 	return nil
 }

@@ -15,7 +15,6 @@ import (
 
 	"github.com/opencontainers/runc/libcontainer"
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/emptypb"
@@ -150,7 +149,7 @@ func (s *Service) Checkpoint(ctx context.Context, req *taskv3.CheckpointTaskRequ
 	// CRIU cannot be interrupted half-way without leaving the container frozen, so the
 	// deadline is checked before it starts.
 	if err := ctx.Err(); err != nil {
-		return nil, status.FromContextError(err).Err()
+		return nil, err
 	}
 	hreq := &helperRequest{ID: c.id, Criu: &helperCriu{
 		Images:       images,
@@ -231,7 +230,7 @@ type restoreSpec struct {
 // opMu is held.
 func (s *Service) startRestore(ctx context.Context, c *container) (*taskv3.StartResponse, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, status.FromContextError(err).Err()
+		return nil, err
 	}
 	p := c.init
 	var child childStdio

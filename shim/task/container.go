@@ -445,8 +445,5 @@ func (c *container) destroy() error {
 		c.oom.stop()
 	}
 	_, err := c.svc.runHelper(context.Background(), helperDelete, &helperRequest{ID: c.id, RootfsDir: c.rootfs}, nil)
-	if err != nil {
-		return errors.New(helperMessage(err))
-	}
-	return nil
+	return err
 }

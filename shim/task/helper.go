@@ -11,7 +11,6 @@ import (
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // HelperArg is the hidden first argument that makes the shim binary a short-lived task
@@ -121,7 +120,7 @@ type cgroupInfo struct {
 const helperWaitDelay = 30 * time.Second
 
 // runHelper runs a helper for action with req and files as its fds 3 and up. A helper
-// that answered returns its response, and its error as a gRPC status when it failed (it
+// that answered returns its response, and its error, of the kind its answer names, when it failed (it
 // has undone what it did then). A helper that did not answer (it crashed or was killed)
 // returns a nil response: what it did is unknown, and the caller has to clean up. A
 // cancellable ctx sends the helper SIGTERM when it ends (checkpoint stops CRIU then);
@@ -158,7 +157,7 @@ func (s *Service) runHelper(ctx context.Context, action string, req *helperReque
 	}
 	s.log.Debug("task helper", "action", action, "container", req.ID, "duration", time.Since(start), "code", resp.Code)
 	if resp.Code != uint32(codes.OK) {
-		return &resp, status.Error(codes.Code(resp.Code), resp.Error)
+		return &resp, withKind(kindOf(codes.Code(resp.Code)), resp.Error)
 	}
 	return &resp, nil
 }
@@ -182,14 +181,6 @@ func helperFiles(c *childStdio) ([]*os.File, helperStdio) {
 	fds.Stderr = add(c.Stderr)
 	fds.ConsoleSocket = add(c.ConsoleSocket)
 	return files, fds
-}
-
-// helperMessage is the message of an error a helper returned, without the status prefix.
-func helperMessage(err error) string {
-	if st, ok := status.FromError(err); ok {
-		return st.Message()
-	}
-	return err.Error()
 }
 
 // cleanupAfterHelper removes what a helper that gave no answer may have left of

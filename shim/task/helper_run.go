@@ -16,7 +16,6 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/crisp-runtime/crisp/internal/cgstats"
 	"github.com/crisp-runtime/crisp/internal/mount"
@@ -67,11 +66,12 @@ func helperMain(args []string, stdin io.Reader, log *slog.Logger) *helperRespons
 		return nil, internal("task helper: unknown action %q", args[0])
 	}()
 	if err != nil {
-		st := status.Convert(err)
-		if st.Code() == codes.OK || st.Code() == codes.Unknown {
-			st = status.New(codes.Internal, err.Error())
+		// The answer carries the kind as its gRPC code; an error of no kind is Internal.
+		code, ok := codeOf(err)
+		if !ok || code == codes.Unknown {
+			code = codes.Internal
 		}
-		return &helperResponse{Code: uint32(st.Code()), Error: st.Message()}
+		return &helperResponse{Code: uint32(code), Error: err.Error()}
 	}
 	return resp
 }
@@ -152,7 +152,7 @@ func helperCreateContainer(req *helperRequest, log *slog.Logger) (_ *helperRespo
 	lc, err := libcontainer.Create(req.Root, id, cfg)
 	if err != nil {
 		if errors.Is(err, libcontainer.ErrExist) {
-			return nil, status.Errorf(codes.AlreadyExists, "container %q already exists", id)
+			return nil, alreadyExists("container %q already exists", id)
 		}
 		return nil, invalid("create container %q: %v", id, err)
 	}
@@ -256,7 +256,7 @@ func helperRestoreContainer(req *helperRequest, log *slog.Logger) (_ *helperResp
 		StatusFd:        -1,
 	}
 	if err := lc.Restore(lp, criuOpts); err != nil {
-		return nil, status.Errorf(codes.FailedPrecondition, "restore container %q with CRIU: %v%s",
+		return nil, failedPrecondition("restore container %q with CRIU: %v%s",
 			req.ID, err, criuLogErrors(filepath.Join(req.Checkpoint, "restore.log")))
 	}
 	pid, err := lp.Pid()
@@ -321,8 +321,8 @@ func helperCheckpointContainer(req *helperRequest, log *slog.Logger) error {
 	stopWatch := watchCRIU(ctx, lc, log)
 	err = lc.Checkpoint(criuOpts)
 	if timedOut := stopWatch(); timedOut {
-		return status.Errorf(codes.DeadlineExceeded, "checkpoint container %q: CRIU did not finish before the deadline and was killed%s",
-			req.ID, criuLogTail(filepath.Join(criuLogDir(o.Images, o.Work), "dump.log")))
+		return withKind(context.DeadlineExceeded, fmt.Sprintf("checkpoint container %q: CRIU did not finish before the deadline and was killed%s",
+			req.ID, criuLogTail(filepath.Join(criuLogDir(o.Images, o.Work), "dump.log"))))
 	}
 	if err != nil {
 		return internal("checkpoint container %q with CRIU: %v%s", req.ID, err, criuLogErrors(filepath.Join(criuLogDir(o.Images, o.Work), "dump.log")))

@@ -51,7 +51,7 @@ func TestHelperAnswers(t *testing.T) {
 			bundle := t.TempDir()
 			_, err = s.Create(context.Background(), &taskv3.CreateTaskRequest{ID: "c1", Bundle: bundle,
 				Rootfs: []*types.Mount{{Type: "bind", Source: "/", Options: []string{"rbind"}}}})
-			st, _ := status.FromError(err)
+			st, _ := status.FromError(GRPCStatus(err))
 			if st.Code() != tt.code || !strings.Contains(st.Message(), tt.msg) {
 				t.Fatalf("Create = %v; want %v containing %q", err, tt.code, tt.msg)
 			}

@@ -31,8 +31,6 @@ import (
 	_ "github.com/opencontainers/cgroups/devices"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -176,22 +174,6 @@ func (s *Service) releaseMemory() {
 	s.release.Reset(releaseDelay)
 }
 
-func notFound(format string, args ...any) error {
-	return status.Errorf(codes.NotFound, format, args...)
-}
-
-func invalid(format string, args ...any) error {
-	return status.Errorf(codes.InvalidArgument, format, args...)
-}
-
-func failedPrecondition(format string, args ...any) error {
-	return status.Errorf(codes.FailedPrecondition, format, args...)
-}
-
-func internal(format string, args ...any) error {
-	return status.Errorf(codes.Internal, format, args...)
-}
-
 func (s *Service) get(id string) (*container, error) {
 	s.mu.Lock()
 	c := s.containers[id]
@@ -278,7 +260,7 @@ func (s *Service) reserve(id string) (func(), error) {
 	_, exists := s.containers[id]
 	_, creating := s.reserved[id]
 	if exists || creating {
-		return nil, status.Errorf(codes.AlreadyExists, "container %q already exists", id)
+		return nil, alreadyExists("container %q already exists", id)
 	}
 	s.reserved[id] = struct{}{}
 	return func() {
@@ -539,7 +521,7 @@ func (s *Service) awaitCreate(ctx context.Context, id string) error {
 		}
 		select {
 		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
+			return ctx.Err()
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
@@ -654,7 +636,7 @@ func (s *Service) Exec(ctx context.Context, req *taskv3.ExecProcessRequest) (*em
 		return nil, notFound("container %q not found", c.id)
 	}
 	if _, ok := c.execs[execID]; ok {
-		return nil, status.Errorf(codes.AlreadyExists, "exec %q of container %q already exists", execID, c.id)
+		return nil, alreadyExists("exec %q of container %q already exists", execID, c.id)
 	}
 	c.execs[execID] = p
 	s.events.Publish(events.TaskExecAdded{ContainerID: c.id, ExecID: execID})
@@ -711,7 +693,7 @@ func (s *Service) Wait(ctx context.Context, req *taskv3.WaitRequest) (*taskv3.Wa
 	select {
 	case <-p.done:
 	case <-ctx.Done():
-		return nil, status.FromContextError(ctx.Err()).Err()
+		return nil, ctx.Err()
 	}
 	_, code, at := p.state()
 	return &taskv3.WaitResponse{ExitStatus: code, ExitedAt: timestamppb.New(at)}, nil
