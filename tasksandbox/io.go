@@ -75,58 +75,21 @@ type IO struct {
 // newIO makes the FIFOs (when create) and starts copying from them. The read ends
 // are open when it returns, so the shim's opens for writing never block.
 func newIO(bundle string, r IORecord, create bool, log *slog.Logger) (_ *IO, retErr error) {
+	stdin, stdout, stderr := r.fifoPaths(bundle)
 	if create {
-		data, err := json.Marshal(r)
-		if err != nil {
+		if err := makeIO(bundle, r, stdin, stdout, stderr); err != nil {
 			return nil, err
 		}
-		if err := os.WriteFile(filepath.Join(bundle, ioFile), data, 0o600); err != nil {
-			return nil, fmt.Errorf("write %s: %w", ioFile, err)
-		}
 	}
-	stdin, stdout, stderr := r.fifoPaths(bundle)
 	t := &IO{terminal: r.Terminal, fans: map[string]*fifoio.Fanout{}, done: make(chan struct{})}
 	defer func() {
 		if retErr != nil {
 			t.Close()
 		}
 	}()
-	for _, p := range []string{stdin, stdout, stderr} {
-		if p == "" || !create {
-			continue
-		}
-		if err := unix.Mkfifo(p, 0o600); err != nil && !errors.Is(err, os.ErrExist) {
-			return nil, fmt.Errorf("make FIFO %s: %w", p, err)
-		}
-	}
-	if stdin != "" {
-		// Read-write: it never blocks, and the shim's reader sees no EOF.
-		f, err := os.OpenFile(stdin, os.O_RDWR|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return nil, fmt.Errorf("open stdin FIFO: %w", err)
-		}
-		t.in = f
-	}
-	type stream struct {
-		f    *os.File
-		name string
-	}
-	var streams []stream
-	for _, s := range []stream{{name: crilog.Stdout}, {name: crilog.Stderr}} {
-		p := stdout
-		if s.name == crilog.Stderr {
-			p = stderr
-		}
-		if p == "" {
-			continue
-		}
-		f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return nil, fmt.Errorf("open output FIFO: %w", err)
-		}
-		t.outs = append(t.outs, f)
-		s.f = f
-		streams = append(streams, s)
+	streams, err := t.openFIFOs(stdin, stdout, stderr)
+	if err != nil {
+		return nil, err
 	}
 	if r.LogPath != "" {
 		w, err := crilog.Open(r.LogPath, 0)
@@ -135,20 +98,83 @@ func newIO(bundle string, r IORecord, create bool, log *slog.Logger) (_ *IO, ret
 		}
 		t.log = w
 	}
+	t.startCopies(streams, log)
+	t.sessions = fifoio.NewAttach(t.fans[crilog.Stdout], t.fans[crilog.Stderr], t.terminal, log)
+	if t.in != nil {
+		t.sessions.SetStdin(t.in)
+	}
+	return t, nil
+}
+
+// makeIO writes the bundle's io.json and makes the FIFOs ("" = none).
+func makeIO(bundle string, r IORecord, fifos ...string) error {
+	data, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(bundle, ioFile), data, 0o600); err != nil {
+		return fmt.Errorf("write %s: %w", ioFile, err)
+	}
+	for _, p := range fifos {
+		if p == "" {
+			continue
+		}
+		if err := unix.Mkfifo(p, 0o600); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("make FIFO %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// outputFIFO is an output FIFO's read end and its stream's crilog name.
+type outputFIFO struct {
+	f    *os.File
+	name string
+}
+
+// openFIFOs opens criserver's ends of the FIFOs ("" = none) without blocking; t owns
+// them from then on.
+func (t *IO) openFIFOs(stdin, stdout, stderr string) ([]outputFIFO, error) {
+	if stdin != "" {
+		// Read-write: it never blocks, and the shim's reader sees no EOF.
+		f, err := os.OpenFile(stdin, os.O_RDWR|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("open stdin FIFO: %w", err)
+		}
+		t.in = f
+	}
+	var outs []outputFIFO
+	for _, o := range []struct{ name, path string }{{crilog.Stdout, stdout}, {crilog.Stderr, stderr}} {
+		if o.path == "" {
+			continue
+		}
+		f, err := os.OpenFile(o.path, os.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("open output FIFO: %w", err)
+		}
+		t.outs = append(t.outs, f)
+		outs = append(outs, outputFIFO{f: f, name: o.name})
+	}
+	return outs, nil
+}
+
+// startCopies copies each output FIFO through its stream's fanout into the log (or
+// nowhere without one); done closes, and the log with it, once every stream ended.
+func (t *IO) startCopies(outs []outputFIFO, log *slog.Logger) {
 	var wg sync.WaitGroup
-	for _, s := range streams {
+	for _, o := range outs {
 		var dst io.Writer = io.Discard
 		var st *crilog.Stream
 		if t.log != nil {
-			dst, st = crilog.NewSink(t.log, s.name, log)
+			dst, st = crilog.NewSink(t.log, o.name, log)
 		}
 		fan := fifoio.NewFanout(dst)
-		t.fans[s.name] = fan
+		t.fans[o.name] = fan
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := fifoio.CopyFIFOIn(fan, s.f); err != nil && !errors.Is(err, os.ErrClosed) {
-				log.Warn("copy container output", "fifo", s.f.Name(), "err", err)
+			if err := fifoio.CopyFIFOIn(fan, o.f); err != nil && !errors.Is(err, os.ErrClosed) {
+				log.Warn("copy container output", "fifo", o.f.Name(), "err", err)
 			}
 			fan.Close()
 			if st != nil {
@@ -163,11 +189,6 @@ func newIO(bundle string, r IORecord, create bool, log *slog.Logger) (_ *IO, ret
 		}
 		close(t.done)
 	}()
-	t.sessions = fifoio.NewAttach(t.fans[crilog.Stdout], t.fans[crilog.Stderr], t.terminal, log)
-	if t.in != nil {
-		t.sessions.SetStdin(t.in)
-	}
-	return t, nil
 }
 
 // Wait waits up to timeout for the output to end (the shim closed its ends).
@@ -289,9 +310,9 @@ func (t *IO) CloseStdin() {
 
 func (t *IO) drainStdin() {
 	deadline := time.Now().Add(stdinDrainTimeout)
-	// Every session's copy is waited for, not only those of clients that are gone (as
-	// the shim does for its pipe): here the copies write into the FIFO the shim reads,
-	// and the wait is bounded by the same deadline as the FIFO's drain below.
+	// Every session's stdin copy is waited for, where the shim's CloseIO waits only for
+	// those whose clients are gone: criserver's copies write into the FIFO the shim
+	// reads, and this one deadline bounds both this wait and the FIFO's drain below.
 	t.sessions.WaitStdin(stdinDrainTimeout, false)
 	rc, err := t.in.SyscallConn()
 	if err != nil {
