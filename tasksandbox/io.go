@@ -163,10 +163,14 @@ func (t *IO) openFIFOs(stdin, stdout, stderr string) ([]outputFIFO, error) {
 func (t *IO) startCopies(outs []outputFIFO, log *slog.Logger) {
 	var wg sync.WaitGroup
 	for _, o := range outs {
-		var dst io.Writer = io.Discard
-		var st *crilog.Stream
+		var (
+			dst io.Writer
+			st  *crilog.Stream
+		)
 		if t.log != nil {
 			dst, st = crilog.NewSink(t.log, o.name, log)
+		} else {
+			dst = io.Discard
 		}
 		fan := fifoio.NewFanout(dst)
 		t.fans[o.name] = fan

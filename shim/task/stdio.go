@@ -143,21 +143,9 @@ func openTerminal(s *stdio, cfg ioConfig, lp *childStdio) error {
 	child := os.NewFile(uintptr(fds[1]), "console-socket")
 	s.childFiles = append(s.childFiles, child)
 	lp.ConsoleSocket = child
-	// Nobody may read the terminal, but an unread pty fills up and blocks the process,
-	// so it is drained.
-	var base io.Writer = io.Discard
-	var baseDone func()
-	switch {
-	case cfg.log != nil:
-		sink, st := crilog.NewSink(cfg.log, crilog.Stdout, s.log)
-		base, baseDone = sink, func() { _ = st.Close() }
-	case cfg.stdout != "":
-		f, err := os.OpenFile(cfg.stdout, os.O_RDWR, 0)
-		if err != nil {
-			return fmt.Errorf("open stdout fifo: %w", err)
-		}
-		s.owned = append(s.owned, f)
-		base = f
+	base, baseDone, err := s.terminalOutput(cfg)
+	if err != nil {
+		return err
 	}
 	fan := fifoio.NewFanout(base)
 	s.fans[crilog.Stdout] = fan
@@ -180,6 +168,25 @@ func openTerminal(s *stdio, cfg ioConfig, lp *childStdio) error {
 		s.stdin = c // its dst, the pty master, arrives after the start
 	}
 	return nil
+}
+
+// terminalOutput is where a terminal's output goes besides attach sessions: the CRI
+// log (done closes its stream), the caller's stdout FIFO, or nowhere. Nobody may read
+// the terminal, but an unread pty fills up and blocks the process, so it is drained.
+func (s *stdio) terminalOutput(cfg ioConfig) (w io.Writer, done func(), err error) {
+	switch {
+	case cfg.log != nil:
+		sink, st := crilog.NewSink(cfg.log, crilog.Stdout, s.log)
+		return sink, func() { _ = st.Close() }, nil
+	case cfg.stdout != "":
+		f, err := os.OpenFile(cfg.stdout, os.O_RDWR, 0)
+		if err != nil {
+			return nil, nil, fmt.Errorf("open stdout fifo: %w", err)
+		}
+		s.owned = append(s.owned, f)
+		return f, nil, nil
+	}
+	return io.Discard, nil, nil
 }
 
 // started receives the pty master: its output is copied, and stdin goes to it.
