@@ -59,9 +59,14 @@ install: build
 
 # deb builds $(DEBDIR)/crisp_<version>_<arch>.deb (hack/deb.sh): both binaries, the
 # containerd-shim-crisp-v1 link, the systemd unit, /etc/crisp/config.toml as a
-# conffile; depends on containernetworking-plugins, iptables and libseccomp2.
-DEBDIR ?= $(BINDIR)
+# conffile, the copyright file and the man pages (made with go-md2man from docs/man);
+# depends on containernetworking-plugins, iptables and libseccomp2.
+DEBDIR   ?= $(BINDIR)
+DEB_DEPS := go-md2man
 deb: build
+	@if ! dpkg -s $(DEB_DEPS) >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEB_DEPS); \
+	fi
 	hack/deb.sh $(BINDIR) '$(VERSION)' $(DEBDIR)
 
 # deps installs the Debian packages crisp needs at run time and for its tests.

@@ -30,7 +30,12 @@ var packageFiles = []string{
 	"/usr/bin/containerd-shim-crisp-v1",
 	"/lib/systemd/system/crisp.service",
 	"/usr/share/doc/crisp/README.md",
+	"/usr/share/doc/crisp/copyright",
 	"/usr/share/doc/crisp/examples/crictl.yaml",
+	"/usr/share/man/man8/criserver.8.gz",
+	"/usr/share/man/man8/shim-runc.8.gz",
+	"/usr/share/man/man8/containerd-shim-crisp-v1.8.gz",
+	"/usr/share/man/man5/crisp-config.toml.5.gz",
 }
 
 const packageConffile = "/etc/crisp/config.toml"
