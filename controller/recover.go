@@ -157,7 +157,7 @@ func (c *Controller) removeStraySockets() {
 			continue
 		}
 		if conn, err := net.DialTimeout("unix", path, time.Second); err == nil {
-			conn.Close()
+			_ = conn.Close()
 			continue
 		}
 		if err := os.Remove(path); err == nil {

@@ -54,9 +54,9 @@ const (
 	// two-core node (p50 +6..12 ms in make bench), while the next pod start rarely
 	// comes sooner.
 	spareRefillDelay = 100 * time.Millisecond
-	// spareRetryMin and spareRetryMax bound the backoff after a spare failed to start.
-	spareRetryMin = time.Second
-	spareRetryMax = time.Minute
+	// spareRetryFloor and spareRetryMax bound the backoff after a spare failed to start.
+	spareRetryFloor = time.Second
+	spareRetryMax   = time.Minute
 	// spareRetireTimeout bounds shutting one spare down.
 	spareRetireTimeout = 10 * time.Second
 )
@@ -302,7 +302,7 @@ func (c *Controller) keepSpare(handler string, rt config.Runtime) {
 				wakeAt = earliest(wakeAt, retryAt)
 			} else if c.bg.Err() == nil {
 				if err := c.startSpare(handler, rt); err != nil {
-					backoff = min(max(2*backoff, spareRetryMin), spareRetryMax)
+					backoff = min(max(2*backoff, spareRetryFloor), spareRetryMax)
 					retryAt = time.Now().Add(backoff)
 					c.log.Warn("start warm spare shim", "handler", handler, "retry_in", backoff, "err", err)
 				} else {
@@ -457,7 +457,7 @@ func (c *Controller) retireSpare(sb *sandbox) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 	if client != nil {
-		client.Close()
+		_ = client.Close()
 	}
 	if pid > 0 && !waitGone(pid, 5*time.Second) {
 		c.log.Warn("warm spare shim did not exit after shutdown; killing it", "pod", id, "pid", pid)

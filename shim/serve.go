@@ -64,7 +64,7 @@ func Serve(ctx context.Context, f Flags, log *slog.Logger) error {
 	log = log.With("id", f.ID, "namespace", f.Namespace)
 
 	if err := reaper.SetSubreaper(); err != nil {
-		l.Close()
+		_ = l.Close()
 		return err
 	}
 	ctx, cancel := context.WithCancel(ctx)
@@ -121,7 +121,7 @@ func Serve(ctx context.Context, f Flags, log *slog.Logger) error {
 		},
 	})
 	if err != nil {
-		l.Close()
+		_ = l.Close()
 		return err
 	}
 	// The services return errdefs kinds; they become gRPC codes here, once.
@@ -130,7 +130,7 @@ func Serve(ctx context.Context, f Flags, log *slog.Logger) error {
 		return resp, task.GRPCStatus(err)
 	}))
 	if err != nil {
-		l.Close()
+		_ = l.Close()
 		return fmt.Errorf("ttrpc server: %w", err)
 	}
 	sandboxapi.RegisterTTRPCSandboxService(server, &podSandbox{Service: svc, id: f.ID, tasks: tasks, log: log})
@@ -173,7 +173,7 @@ func Serve(ctx context.Context, f Flags, log *slog.Logger) error {
 	defer scancel()
 	if err := server.Shutdown(sctx); err != nil {
 		log.Warn("ttrpc shutdown incomplete, closing", "error", err)
-		server.Close()
+		_ = server.Close()
 	}
 	// ttrpc's Shutdown returns as soon as it has told idle connections to close, not
 	// when they have finished writing; the last reply would be lost if the process

@@ -176,11 +176,11 @@ func Start(ctx context.Context, f Flags, stdin io.Reader, stdout io.Writer) erro
 		return err
 	}
 	if err := spawn(sp, l, path); err != nil {
-		l.Close()
-		os.Remove(path)
+		_ = l.Close()
+		_ = os.Remove(path)
 		return err
 	}
-	l.Close()
+	_ = l.Close()
 	if _, err := stdout.Write(out); err != nil {
 		return fmt.Errorf("write start result: %w", err)
 	}
@@ -236,8 +236,8 @@ func listen(ctx context.Context, path string) (_ *net.UnixListener, existing boo
 			// copy must not unlink it.
 			l.SetUnlinkOnClose(false)
 			if err := os.Chmod(path, 0o600); err != nil {
-				l.Close()
-				os.Remove(path)
+				_ = l.Close()
+				_ = os.Remove(path)
 				return nil, false, fmt.Errorf("chmod socket: %w", err)
 			}
 			return l, false, nil
@@ -262,7 +262,7 @@ func answers(ctx context.Context, path string) bool {
 	if err != nil {
 		return false
 	}
-	c.Close()
+	_ = c.Close()
 	return true
 }
 
@@ -284,7 +284,7 @@ func spawn(sp startParams, l *net.UnixListener, path string) (retErr error) {
 		// A failed start leaves nothing behind, but keeps an earlier shim's log.
 		defer func() {
 			if retErr != nil {
-				os.Remove(logPath)
+				_ = os.Remove(logPath)
 			}
 		}()
 	}
@@ -308,8 +308,8 @@ func spawn(sp startParams, l *net.UnixListener, path string) (retErr error) {
 		if retErr != nil {
 			_ = cmd.Process.Kill()
 			_ = cmd.Wait()
-			os.Remove(filepath.Join(sp.bundle, PidFile))
-			os.Remove(filepath.Join(sp.bundle, AddressFile))
+			_ = os.Remove(filepath.Join(sp.bundle, PidFile))
+			_ = os.Remove(filepath.Join(sp.bundle, AddressFile))
 		} else {
 			_ = cmd.Process.Release()
 		}

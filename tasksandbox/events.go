@@ -96,7 +96,7 @@ func (s *Sandboxer) ServeEvents(ctx context.Context, path string) (*ttrpc.Server
 	}
 	srv, err := ttrpc.NewServer()
 	if err != nil {
-		l.Close()
+		_ = l.Close()
 		return nil, fmt.Errorf("events server: %w", err)
 	}
 	eventsapi.RegisterTTRPCEventsService(srv, eventSink{log: s.log, oom: &s.oom})

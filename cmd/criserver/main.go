@@ -21,7 +21,7 @@ func main() {
 	cfgPath := fs.String("config", "", "TOML config file (defaults apply to keys it leaves out)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: criserver [--config FILE] [--version]\n       criserver config default\n       criserver [--config FILE] check [--kubelet-config FILE]\n")
+		_, _ = fmt.Fprintf(fs.Output(), "usage: criserver [--config FILE] [--version]\n       criserver config default\n       criserver [--config FILE] check [--kubelet-config FILE]\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(os.Args[1:]); err != nil {
@@ -41,7 +41,10 @@ func main() {
 				fmt.Fprintln(os.Stderr, err)
 				os.Exit(1)
 			}
-			os.Stdout.Write(out)
+			if _, err := os.Stdout.Write(out); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(1)
+			}
 			return
 		}
 		fs.Usage()

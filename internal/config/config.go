@@ -481,10 +481,7 @@ func (s StreamingConfig) validate() error {
 			return fmt.Errorf("%s must be an absolute path, got %q", key, p)
 		}
 	}
-	if err := checkSeconds("streaming.idle_timeout_seconds", s.IdleTimeoutSeconds); err != nil {
-		return err
-	}
-	return nil
+	return checkSeconds("streaming.idle_timeout_seconds", s.IdleTimeoutSeconds)
 }
 
 // HandlerNames lists the configured runtime handlers in order.

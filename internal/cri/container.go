@@ -393,7 +393,9 @@ func ownOOMScoreAdj() int {
 		return 0
 	}
 	var v int
-	fmt.Sscanf(strings.TrimSpace(string(data)), "%d", &v)
+	if _, err := fmt.Sscanf(strings.TrimSpace(string(data)), "%d", &v); err != nil {
+		return 0
+	}
 	return v
 }
 

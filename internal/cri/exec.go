@@ -158,7 +158,7 @@ func openFIFOs(dir string, sinks map[string]*capBuffer) (*fifoSet, error) {
 		}
 		w, err := os.OpenFile(p, os.O_WRONLY|syscall.O_NONBLOCK, 0)
 		if err != nil {
-			r.Close()
+			_ = r.Close()
 			fs.close()
 			return nil, fmt.Errorf("open fifo %s: %w", p, err)
 		}
@@ -169,7 +169,7 @@ func openFIFOs(dir string, sinks map[string]*capBuffer) (*fifoSet, error) {
 			defer fs.done.Done()
 			_, err := io.Copy(sink, r)
 			if err != nil && !errors.Is(err, os.ErrClosed) {
-				sink.Write(nil)
+				_, _ = sink.Write(nil)
 			}
 		}()
 	}
@@ -180,7 +180,7 @@ func (fs *fifoSet) path(name string) string { return filepath.Join(fs.dir, name)
 
 func (fs *fifoSet) closeWriters() {
 	for _, w := range fs.writers {
-		w.Close()
+		_ = w.Close()
 	}
 	fs.writers = nil
 }
@@ -199,7 +199,7 @@ func (fs *fifoSet) wait(d time.Duration) {
 func (fs *fifoSet) close() {
 	fs.closeWriters()
 	for _, r := range fs.readers {
-		r.Close()
+		_ = r.Close()
 	}
 	fs.done.Wait()
 }

@@ -15,10 +15,10 @@ import (
 
 func TestImageUser(t *testing.T) {
 	cases := []struct {
-		in   string
-		uid  int64
-		name string
-		nil_ bool
+		in    string
+		uid   int64
+		name  string
+		isNil bool
 	}{
 		{"", 0, "", true},
 		{"1000", 1000, "", false},
@@ -28,7 +28,7 @@ func TestImageUser(t *testing.T) {
 	}
 	for _, tc := range cases {
 		uid, name := imageUser(tc.in)
-		if (uid == nil) != tc.nil_ || (uid != nil && *uid != tc.uid) || name != tc.name {
+		if (uid == nil) != tc.isNil || (uid != nil && *uid != tc.uid) || name != tc.name {
 			t.Errorf("imageUser(%q) = %v, %q", tc.in, uid, name)
 		}
 	}

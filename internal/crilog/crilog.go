@@ -95,7 +95,7 @@ func (w *Writer) Reopen() error {
 	old := w.f
 	if old == nil {
 		w.mu.Unlock()
-		f.Close()
+		_ = f.Close()
 		return ErrClosed
 	}
 	w.f = f

@@ -251,7 +251,7 @@ func listen(path string) (net.Listener, error) {
 		return nil, fmt.Errorf("listen on %s: %w", path, err)
 	}
 	if err := os.Chmod(path, 0o660); err != nil {
-		lis.Close()
+		_ = lis.Close()
 		return nil, fmt.Errorf("chmod %s: %w", path, err)
 	}
 	return lis, nil
@@ -272,7 +272,7 @@ func socketFree(path string) error {
 		if err != nil {
 			return nil
 		}
-		c.Close()
+		_ = c.Close()
 		if time.Now().After(deadline) {
 			return fmt.Errorf("socket %s is in use: is another criserver running?", path)
 		}

@@ -387,7 +387,7 @@ func (lp *layerPull) layer(ctx context.Context, i int, l remote.Layer, fetch rem
 	})
 	if err != nil {
 		if pending != nil {
-			pending.Discard()
+			_ = pending.Discard()
 		}
 		return err
 	}
@@ -402,12 +402,12 @@ func (lp *layerPull) layer(ctx context.Context, i int, l remote.Layer, fetch rem
 		select {
 		case <-lp.done[i-1]:
 		case <-ctx.Done():
-			pending.Discard()
+			_ = pending.Discard()
 			return ctx.Err()
 		}
 		if lp.errs[i-1] != nil {
 			// The pull fails with the lower layer's error; this one is only its echo.
-			pending.Discard()
+			_ = pending.Discard()
 			return fmt.Errorf("pull %s: layer %s: the layer below failed", lp.name, l.Digest)
 		}
 	}

@@ -86,7 +86,7 @@ func idmappedTree(path string, userns int, ro bool) (int, error) {
 		attr.Attr_set |= unix.MOUNT_ATTR_RDONLY
 	}
 	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, attr); err != nil {
-		unix.Close(fd)
+		_ = unix.Close(fd)
 		return -1, fmt.Errorf("idmap %s: %w", path, err)
 	}
 	return fd, nil
@@ -241,8 +241,8 @@ func mountIDMappedOverlay(m Mount, target string, userns int, idmap *IDMap) erro
 func mountAsIDs(data, target string, flags uintptr, uid, gid uint32) error {
 	// setfsuid/setfsgid return the previous id and cannot fail visibly; the result is
 	// checked by asking for the current one (-1 leaves it unchanged).
-	unix.Setfsgid(int(gid))
-	unix.Setfsuid(int(uid))
+	_ = unix.Setfsgid(int(gid))
+	_ = unix.Setfsuid(int(uid))
 	if cur, _ := unix.SetfsuidRetUid(-1); cur != int(uid) {
 		return fmt.Errorf("setfsuid %d: still %d", uid, cur)
 	}
@@ -255,10 +255,7 @@ func mountAsIDs(data, target string, flags uintptr, uid, gid uint32) error {
 	if err := unix.Capset(&hdr, &caps[0]); err != nil {
 		return fmt.Errorf("capset: %w", err)
 	}
-	if err := unix.Mount("overlay", target, "overlay", flags, data); err != nil {
-		return err
-	}
-	return nil
+	return unix.Mount("overlay", target, "overlay", flags, data)
 }
 
 func mountIDMappedBind(m Mount, target string, userns int) error {

@@ -150,19 +150,19 @@ func lockHostLocalStore(ctx context.Context, dir string, limit time.Duration) (f
 		if err == nil {
 			return func() {
 				_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-				f.Close()
+				_ = f.Close()
 			}, nil
 		}
 		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
-			f.Close()
+			_ = f.Close()
 			return nil, fmt.Errorf("lock host-local store: %w", err)
 		}
 		if time.Now().After(deadline) {
-			f.Close()
+			_ = f.Close()
 			return nil, fmt.Errorf("lock host-local store: still held after %s", limit)
 		}
 		if !sleepCtx(ctx, hostLocalLockPoll) {
-			f.Close()
+			_ = f.Close()
 			return nil, fmt.Errorf("lock host-local store: %w", ctx.Err())
 		}
 	}

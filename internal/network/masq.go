@@ -16,7 +16,7 @@ import (
 type Masquerade string
 
 const (
-	// MasqueradeRuntime: crisp passes the bridge plugin ipMasq false and keeps one
+	// MasqueradeRuntime means crisp passes the bridge plugin ipMasq false and keeps one
 	// MASQUERADE rule per pod subnet itself (masq_linux.go). The plugin would create and
 	// delete an iptables chain per pod, about 60 ms of every pod's ADD and DEL.
 	MasqueradeRuntime Masquerade = "runtime"

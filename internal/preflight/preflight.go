@@ -84,7 +84,8 @@ func Default() Host {
 		ResolveShim:       controller.ResolveShim,
 		NATChain:          listNATChain,
 		AppArmor: func() AppArmor {
-			if h := apparmor.New(false); h != nil {
+			// Not `return apparmor.New(false)`: a nil handle would make a non-nil AppArmor.
+			if h := apparmor.New(false); h != nil { //nolint:revive // if-return: see above
 				return h
 			}
 			return nil
@@ -113,7 +114,7 @@ func Run(cfg config.Config, h Host) []Result {
 // Write prints one line per result and reports whether any failed.
 func Write(w io.Writer, results []Result) (failed bool) {
 	for _, r := range results {
-		fmt.Fprintf(w, "%-4s %-36s %s\n", r.Status, r.Name, r.Detail)
+		_, _ = fmt.Fprintf(w, "%-4s %-36s %s\n", r.Status, r.Name, r.Detail)
 		if r.Status == Fail {
 			failed = true
 		}

@@ -99,26 +99,64 @@ type TaskResumed struct{ ContainerID string }
 // images went.
 type TaskCheckpointed struct{ ContainerID, Checkpoint string }
 
-func (TaskCreate) Topic() string       { return TopicCreate }
-func (TaskStart) Topic() string        { return TopicStart }
-func (TaskDelete) Topic() string       { return TopicDelete }
-func (TaskExit) Topic() string         { return TopicExit }
-func (TaskOOM) Topic() string          { return TopicOOM }
-func (TaskExecAdded) Topic() string    { return TopicExecAdded }
-func (TaskExecStarted) Topic() string  { return TopicExecStarted }
-func (TaskPaused) Topic() string       { return TopicPaused }
-func (TaskResumed) Topic() string      { return TopicResumed }
+// Topic is the topic TaskCreate is published on.
+func (TaskCreate) Topic() string { return TopicCreate }
+
+// Topic is the topic TaskStart is published on.
+func (TaskStart) Topic() string { return TopicStart }
+
+// Topic is the topic TaskDelete is published on.
+func (TaskDelete) Topic() string { return TopicDelete }
+
+// Topic is the topic TaskExit is published on.
+func (TaskExit) Topic() string { return TopicExit }
+
+// Topic is the topic TaskOOM is published on.
+func (TaskOOM) Topic() string { return TopicOOM }
+
+// Topic is the topic TaskExecAdded is published on.
+func (TaskExecAdded) Topic() string { return TopicExecAdded }
+
+// Topic is the topic TaskExecStarted is published on.
+func (TaskExecStarted) Topic() string { return TopicExecStarted }
+
+// Topic is the topic TaskPaused is published on.
+func (TaskPaused) Topic() string { return TopicPaused }
+
+// Topic is the topic TaskResumed is published on.
+func (TaskResumed) Topic() string { return TopicResumed }
+
+// Topic is the topic TaskCheckpointed is published on.
 func (TaskCheckpointed) Topic() string { return TopicCheckpointed }
 
-func (TaskCreate) TypeURL() string       { return "containerd.events.TaskCreate" }
-func (TaskStart) TypeURL() string        { return "containerd.events.TaskStart" }
-func (TaskDelete) TypeURL() string       { return "containerd.events.TaskDelete" }
-func (TaskExit) TypeURL() string         { return "containerd.events.TaskExit" }
-func (TaskOOM) TypeURL() string          { return "containerd.events.TaskOOM" }
-func (TaskExecAdded) TypeURL() string    { return "containerd.events.TaskExecAdded" }
-func (TaskExecStarted) TypeURL() string  { return "containerd.events.TaskExecStarted" }
-func (TaskPaused) TypeURL() string       { return "containerd.events.TaskPaused" }
-func (TaskResumed) TypeURL() string      { return "containerd.events.TaskResumed" }
+// TypeURL is the type URL of TaskCreate in the event envelope.
+func (TaskCreate) TypeURL() string { return "containerd.events.TaskCreate" }
+
+// TypeURL is the type URL of TaskStart in the event envelope.
+func (TaskStart) TypeURL() string { return "containerd.events.TaskStart" }
+
+// TypeURL is the type URL of TaskDelete in the event envelope.
+func (TaskDelete) TypeURL() string { return "containerd.events.TaskDelete" }
+
+// TypeURL is the type URL of TaskExit in the event envelope.
+func (TaskExit) TypeURL() string { return "containerd.events.TaskExit" }
+
+// TypeURL is the type URL of TaskOOM in the event envelope.
+func (TaskOOM) TypeURL() string { return "containerd.events.TaskOOM" }
+
+// TypeURL is the type URL of TaskExecAdded in the event envelope.
+func (TaskExecAdded) TypeURL() string { return "containerd.events.TaskExecAdded" }
+
+// TypeURL is the type URL of TaskExecStarted in the event envelope.
+func (TaskExecStarted) TypeURL() string { return "containerd.events.TaskExecStarted" }
+
+// TypeURL is the type URL of TaskPaused in the event envelope.
+func (TaskPaused) TypeURL() string { return "containerd.events.TaskPaused" }
+
+// TypeURL is the type URL of TaskResumed in the event envelope.
+func (TaskResumed) TypeURL() string { return "containerd.events.TaskResumed" }
+
+// TypeURL is the type URL of TaskCheckpointed in the event envelope.
 func (TaskCheckpointed) TypeURL() string { return "containerd.events.TaskCheckpointed" }
 
 // AppendProto implements Event.

@@ -149,7 +149,7 @@ func (p *Publisher) run(ctx context.Context) {
 	defer close(p.done)
 	defer func() {
 		if p.client != nil {
-			p.client.Close()
+			_ = p.client.Close()
 		}
 	}()
 	for it := range p.queue {
@@ -200,7 +200,7 @@ func (p *Publisher) forward(ctx context.Context, req []byte) error {
 	if err != nil && !errors.Is(err, context.Canceled) {
 		// Whatever went wrong (server gone, a wedged connection), the next try
 		// starts from a fresh connection.
-		p.client.Close()
+		_ = p.client.Close()
 		p.client = nil
 	}
 	return err

@@ -210,9 +210,9 @@ func startProcess(runner Runner, exe string, env []string, attr *syscall.SysProc
 		SysProcAttr: attr,
 	}
 	err = runner.Start(cmd)
-	w.Close()
+	_ = w.Close()
 	if err != nil {
-		r.Close()
+		_ = r.Close()
 		return nil, nil, fmt.Errorf("start pause process: %w", err)
 	}
 	p := &Process{pid: cmd.Process.Pid, startedAt: time.Now(), proc: cmd.Process, done: make(chan struct{})}
@@ -364,10 +364,10 @@ func readReady(ctx context.Context, r *os.File, timeout time.Duration) error {
 		}
 		return fmt.Errorf("waiting for pause process (timeout %s): %w", timeout, err)
 	}
-	switch s := string(msg); {
-	case s == "ok":
+	switch s := string(msg); s {
+	case "ok":
 		return nil
-	case s == "":
+	case "":
 		return errors.New("pause process exited without reporting readiness")
 	default:
 		return fmt.Errorf("pause process: %s", s)

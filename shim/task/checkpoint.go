@@ -63,7 +63,7 @@ func decodeCheckpointOptions(a *anypb.Any) (checkpointOptions, error) {
 				return o, fmt.Errorf("decode checkpoint options: %w", protowire.ParseError(n))
 			}
 			b = b[n:]
-			*[]*bool{&o.exit, &o.openTCP, &o.externalUnixSockets, &o.terminal, &o.fileLocks}[num-1] = v != 0
+			*[]*bool{&o.exit, &o.openTCP, &o.externalUnixSockets, &o.terminal, &o.fileLocks}[num-1] = v != 0 //nolint:gosec // G602: the case admits num 1..5 only
 		case num >= 6 && num <= 10 && typ == protowire.BytesType:
 			v, n := protowire.ConsumeBytes(b)
 			if n < 0 {

@@ -93,14 +93,14 @@ func (w *oomWatch) openEventfd(dir string) error {
 	}
 	cfd, err := unix.Open(w.file, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		unix.Close(efd)
+		_ = unix.Close(efd)
 		return fmt.Errorf("open %s: %w", w.file, err)
 	}
 	// The registration holds its own references: the control file can be closed at once.
 	defer unix.Close(cfd)
 	ctl := filepath.Join(dir, "cgroup.event_control")
 	if err := os.WriteFile(ctl, []byte(strconv.Itoa(efd)+" "+strconv.Itoa(cfd)), 0); err != nil {
-		unix.Close(efd)
+		_ = unix.Close(efd)
 		return fmt.Errorf("register oom event: %w", err)
 	}
 	w.ev = os.NewFile(uintptr(efd), "oom-eventfd")
@@ -114,7 +114,7 @@ func (w *oomWatch) openInotify() error {
 		return fmt.Errorf("inotify: %w", err)
 	}
 	if _, err := unix.InotifyAddWatch(fd, w.file, unix.IN_MODIFY); err != nil {
-		unix.Close(fd)
+		_ = unix.Close(fd)
 		return fmt.Errorf("watch %s: %w", w.file, err)
 	}
 	w.ev = os.NewFile(uintptr(fd), "oom-inotify")

@@ -151,17 +151,23 @@ func TestWaitExited(t *testing.T) {
 func TestReadOOMKills(t *testing.T) {
 	dir := t.TempDir()
 	v1 := filepath.Join(dir, "memory.oom_control")
-	os.WriteFile(v1, []byte("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n"), 0o644)
+	if err := os.WriteFile(v1, []byte("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if n, err := readOOMKills(v1); err != nil || n != 3 {
 		t.Errorf("v1 = %d, %v", n, err)
 	}
 	v2 := filepath.Join(dir, "memory.events")
-	os.WriteFile(v2, []byte("low 0\nhigh 0\nmax 5\noom 2\noom_kill 1\noom_group_kill 0\n"), 0o644)
+	if err := os.WriteFile(v2, []byte("low 0\nhigh 0\nmax 5\noom 2\noom_kill 1\noom_group_kill 0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if n, err := readOOMKills(v2); err != nil || n != 1 {
 		t.Errorf("v2 = %d, %v", n, err)
 	}
 	old := filepath.Join(dir, "old")
-	os.WriteFile(old, []byte("oom_kill_disable 0\nunder_oom 0\n"), 0o644)
+	if err := os.WriteFile(old, []byte("oom_kill_disable 0\nunder_oom 0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := readOOMKills(old); err == nil {
 		t.Error("a file without the counter gave no error")
 	}
@@ -234,7 +240,9 @@ func TestStdinCopierCloseInput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.WriteString("hello")
+	if _, err := f.WriteString("hello"); err != nil {
+		t.Fatal(err)
+	}
 	f.Close()
 	// The shim's own writer keeps the stream open across the caller's reconnects.
 	buf := make([]byte, 16)
@@ -242,16 +250,22 @@ func TestStdinCopierCloseInput(t *testing.T) {
 	if err != nil || string(buf[:n]) != "hello" {
 		t.Fatalf("process read %q, %v", buf[:n], err)
 	}
-	r.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	if err := r.SetReadDeadline(time.Now().Add(100 * time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := r.Read(buf); !os.IsTimeout(err) {
 		t.Fatalf("read before CloseIO = %v, want to wait", err)
 	}
-	r.SetReadDeadline(time.Time{})
+	if err := r.SetReadDeadline(time.Time{}); err != nil {
+		t.Fatal(err)
+	}
 	f, err = os.OpenFile(path, os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.WriteString(" again")
+	if _, err := f.WriteString(" again"); err != nil {
+		t.Fatal(err)
+	}
 	f.Close()
 	c.closeInput()
 	got, err := io.ReadAll(r)
@@ -265,7 +279,9 @@ func TestStdinCopierCloseInput(t *testing.T) {
 func TestStdinCopierNoWriter(t *testing.T) {
 	_, c, r := stdinFIFO(t)
 	c.closeInput()
-	r.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if err := r.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
 	if n, err := r.Read(make([]byte, 1)); n != 0 || err != io.EOF {
 		t.Errorf("read = %d, %v; want EOF", n, err)
 	}

@@ -305,7 +305,9 @@ func readPid(path string) int {
 		return 0
 	}
 	var pid int
-	fmt.Sscanf(strings.TrimSpace(string(data)), "%d", &pid)
+	if _, err := fmt.Sscanf(strings.TrimSpace(string(data)), "%d", &pid); err != nil {
+		return 0
+	}
 	return pid
 }
 

@@ -249,7 +249,9 @@ func TestNodeUserNamespace(t *testing.T) {
 
 	t.Run("tmpfs-volume", func(t *testing.T) {
 		var maj, min int
-		fmt.Sscanf(kernelRelease(), "%d.%d", &maj, &min)
+		if _, err := fmt.Sscanf(kernelRelease(), "%d.%d", &maj, &min); err != nil {
+			t.Fatalf("kernel release %q: %v", kernelRelease(), err)
+		}
 		idmappedTmpfs := maj > 6 || maj == 6 && min >= 3
 		mem := filepath.Join(e.dir, "pods", "userns", "volumes", "kubernetes.io~empty-dir", "mem")
 		if err := os.MkdirAll(mem, 0o755); err != nil {

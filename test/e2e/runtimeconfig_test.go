@@ -124,15 +124,16 @@ func TestE2EUpdatePodSandboxResources(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// encoding/json matches the protojson keys (cpuShares) case-insensitively.
 	var info struct {
-		Overhead  *struct{ CpuShares, MemoryLimitInBytes string }
-		Resources *struct{ CpuShares, CpuQuota, MemoryLimitInBytes string }
+		Overhead  *struct{ CPUShares, MemoryLimitInBytes string }
+		Resources *struct{ CPUShares, CPUQuota, MemoryLimitInBytes string }
 	}
 	if err := json.Unmarshal([]byte(resp.Info["info"]), &info); err != nil {
 		t.Fatal(err)
 	}
-	if info.Overhead == nil || info.Overhead.CpuShares != "10" || info.Resources == nil ||
-		info.Resources.CpuShares != "512" || info.Resources.MemoryLimitInBytes != fmt.Sprint(256<<20) {
+	if info.Overhead == nil || info.Overhead.CPUShares != "10" || info.Resources == nil ||
+		info.Resources.CPUShares != "512" || info.Resources.MemoryLimitInBytes != fmt.Sprint(256<<20) {
 		t.Fatalf("verbose info after restart: %s", resp.Info["info"])
 	}
 }

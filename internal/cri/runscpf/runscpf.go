@@ -139,9 +139,9 @@ func (c Config) Dial(ctx context.Context, dir, namespace, containerID string, po
 	// must stay open until then, since closing it drops a connection not yet
 	// accepted.
 	abandon := func() {
-		l.Close()
+		_ = l.Close()
 		if conn := <-accepted; conn != nil {
-			conn.Close()
+			_ = conn.Close()
 		}
 	}
 	// failure says why the connection failed, with what runsc wrote.

@@ -210,5 +210,5 @@ func probeUserNS() (fd int, cleanup func(), err error) {
 	if err != nil {
 		return -1, nil, fmt.Errorf("open user namespace of probe: %w", err)
 	}
-	return fd, func() { unix.Close(fd) }, nil
+	return fd, func() { _ = unix.Close(fd) }, nil
 }

@@ -202,8 +202,8 @@ func (s *Store) write(ctx context.Context, d digest.Digest, size int64, r io.Rea
 	committed := false
 	defer func() {
 		if !committed {
-			f.Close()
-			os.Remove(f.Name())
+			_ = f.Close()
+			_ = os.Remove(f.Name())
 		}
 	}()
 

@@ -89,7 +89,7 @@ func RandomFile(name string, size int, seed uint64) TarEntry {
 	var s [32]byte
 	binary.LittleEndian.PutUint64(s[:], seed)
 	body := make([]byte, size)
-	rand.NewChaCha8(s).Read(body)
+	_, _ = rand.NewChaCha8(s).Read(body) // ChaCha8.Read always fills body and returns nil
 	return TarEntry{Type: TypeFile, Name: name, Body: body}
 }
 
@@ -225,7 +225,9 @@ func LayerFromTar(t testing.TB, f Format, c Compression, tarball []byte) *Layer 
 		if err != nil {
 			t.Fatal(err)
 		}
-		zw.Write(tarball)
+		if _, err := zw.Write(tarball); err != nil {
+			t.Fatal(err)
+		}
 		if err := zw.Close(); err != nil {
 			t.Fatal(err)
 		}

@@ -150,7 +150,9 @@ func TestRegistryRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	io.Copy(io.Discard, rc)
+	if _, err := io.Copy(io.Discard, rc); err != nil {
+		t.Fatal(err)
+	}
 	rc.Close()
 	if counter.Gets(LayerDigests(t, amd64)[0]) != 1 || counter.Requests() == 0 {
 		t.Errorf("counter: %v, %d requests", counter.Counts(), counter.Requests())

@@ -39,7 +39,7 @@ func StartRegistry(t testing.TB, opts ...RegistryOption) string {
 	for _, o := range opts {
 		o(cfg)
 	}
-	var h http.Handler = registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	h := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
 	for i := len(cfg.middlewares) - 1; i >= 0; i-- {
 		h = cfg.middlewares[i](h)
 	}

@@ -29,7 +29,7 @@ type flight struct {
 // started by another caller. When the last waiter leaves, the run is cancelled and do
 // waits for fn to return, so that nothing of it (a goroutine, a partial file) outlives
 // the calls that wanted it.
-func (g *flightGroup) do(ctx context.Context, key digest.Digest, fn func(context.Context) error) (err error, shared bool) {
+func (g *flightGroup) do(ctx context.Context, key digest.Digest, fn func(context.Context) error) (shared bool, err error) {
 	g.mu.Lock()
 	if g.flights == nil {
 		g.flights = map[digest.Digest]*flight{}
@@ -56,7 +56,7 @@ func (g *flightGroup) do(ctx context.Context, key digest.Digest, fn func(context
 
 	select {
 	case <-f.done:
-		return f.err, shared
+		return shared, f.err
 	case <-ctx.Done():
 	}
 	g.mu.Lock()
@@ -72,5 +72,5 @@ func (g *flightGroup) do(ctx context.Context, key digest.Digest, fn func(context
 		f.cancel()
 		<-f.done
 	}
-	return ctx.Err(), shared
+	return shared, ctx.Err()
 }

@@ -206,7 +206,7 @@ func TestFlightGroup(t *testing.T) {
 	shared := atomic.Int32{}
 	for range 5 {
 		wg.Go(func() {
-			err, s := g.do(context.Background(), key, func(ctx context.Context) error {
+			s, err := g.do(context.Background(), key, func(ctx context.Context) error {
 				runs.Add(1)
 				<-release
 				return nil
@@ -231,17 +231,21 @@ func TestFlightGroup(t *testing.T) {
 	ctx2, cancel2 := context.WithCancel(context.Background())
 	started, finished := make(chan struct{}), make(chan struct{})
 	var runErr error
-	go g.do(ctx1, key, func(ctx context.Context) error {
-		close(started)
-		<-ctx.Done()
-		runErr = ctx.Err()
-		time.Sleep(20 * time.Millisecond) // cleanup takes a moment
-		close(finished)
-		return runErr
-	})
+	// The first caller's own result is the cancellation; what the test checks is that
+	// the run outlives it while another caller waits.
+	go func() {
+		_, _ = g.do(ctx1, key, func(ctx context.Context) error {
+			close(started)
+			<-ctx.Done()
+			runErr = ctx.Err()
+			time.Sleep(20 * time.Millisecond) // cleanup takes a moment
+			close(finished)
+			return runErr
+		})
+	}()
 	<-started
 	done2 := make(chan error)
-	go func() { err, _ := g.do(ctx2, key, nil); done2 <- err }()
+	go func() { _, err := g.do(ctx2, key, nil); done2 <- err }()
 	time.Sleep(20 * time.Millisecond)
 	cancel1()
 	select {

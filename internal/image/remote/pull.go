@@ -584,7 +584,7 @@ func (p *Puller) fetchWith(ctx context.Context, src *source, desc ocispec.Descri
 		return nil
 	}
 	for attempt := 0; ; attempt++ {
-		err, shared := p.flights.do(ctx, desc.Digest, func(fctx context.Context) error {
+		shared, err := p.flights.do(ctx, desc.Digest, func(fctx context.Context) error {
 			if p.cs.Has(desc.Digest) {
 				return nil // finished by a flight that ended just before this one began
 			}

@@ -61,7 +61,7 @@ func (t *teeConsumer) finish(downloadErr error) (streamed bool, err error) {
 		if downloadErr != nil {
 			t.pw.CloseWithError(downloadErr)
 		} else {
-			t.pw.Close()
+			_ = t.pw.Close()
 		}
 	}
 	t.mu.Unlock()

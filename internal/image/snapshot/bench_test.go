@@ -170,7 +170,7 @@ func unpackAll(b *testing.B, s *Snapshotter, chain []digest.Digest, datas [][]by
 			var parent digest.Digest
 			if l > 0 {
 				if err := <-done[l-1]; err != nil {
-					p.Discard()
+					_ = p.Discard()
 					done[l-1] <- err
 					done[l] <- err
 					return

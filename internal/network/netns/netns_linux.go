@@ -84,7 +84,7 @@ func pinAt(path string, enter func() error) (err error) {
 	if err != nil {
 		return fmt.Errorf("create netns pin %s: %w", path, err)
 	}
-	f.Close()
+	_ = f.Close()
 	defer func() {
 		if err != nil {
 			if rerr := Remove(path); rerr != nil {
