@@ -537,7 +537,8 @@ func (c *Controller) teardown(ctx context.Context, sb *sandbox, timeout time.Dur
 		}
 	}
 	if client != nil {
-		client.Close()
+		// The shim is being torn down: a close error says nothing the caller can act on.
+		_ = client.Close()
 	}
 	defer sb.closeShimLog()
 	if pid > 0 && (svc == nil || dead) && processAlive(pid) {
@@ -672,7 +673,8 @@ func (c *Controller) Close() {
 		if sb.client != nil {
 			client := sb.client
 			sb.client = nil
-			client.Close()
+			_ = client.Close() // the connection is being dropped; nothing to do on error
+
 		}
 		sb.mu.Unlock()
 	}

@@ -161,7 +161,8 @@ func (s *Service) CreateSandbox(ctx context.Context, req *sandboxapi.CreateSandb
 		paths = &p
 		defer func() {
 			if retErr != nil {
-				s.removePodFiles()
+				// removePodFiles logs its own failure; the create's error is the one to return.
+				_ = s.removePodFiles()
 			}
 		}()
 	}
