@@ -443,7 +443,7 @@ func (c *Controller) stopSandboxProcess(ctx context.Context, sb *sandbox, svc sa
 
 // teardownNetwork runs CNI DEL and removes the pod's netns. A failed DEL is an error
 // (kept for the caller's retry) until the network manager gives up on it and retries
-// it in the background (see network/pending.go); undoing a creation, at once, since a
+// it in the background (see internal/network/pending.go); undoing a creation, at once, since a
 // pod kubelet never learned of is never stopped again.
 func (c *Controller) teardownNetwork(ctx context.Context, sb *sandbox) error {
 	if sb.rec.HostNetwork {

@@ -909,7 +909,7 @@ func (s *Service) ReopenContainerLog(ctx context.Context, req *runtime.ReopenCon
 }
 
 // idmappedMounts reports the volumes of a container in a user-namespaced pod as
-// cri/spec mounts them: idmapped, with the volume's own mappings or else the pod's.
+// internal/cri/spec mounts them: idmapped, with the volume's own mappings or else the pod's.
 // The request's mounts are not modified.
 func idmappedMounts(ms []*runtime.Mount, pod *runtime.PodSandboxConfig) []*runtime.Mount {
 	u := pod.GetLinux().GetSecurityContext().GetNamespaceOptions().GetUsernsOptions()

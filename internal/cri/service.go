@@ -209,7 +209,7 @@ func (s *Service) Status(_ context.Context, req *runtime.StatusRequest) (*runtim
 	}
 	resp := &runtime.StatusResponse{
 		Status: &runtime.RuntimeStatus{Conditions: []*runtime.RuntimeCondition{runtimeReady, networkReady}},
-		// cri/spec resolves supplemental groups itself and honours Strict (no groups
+		// internal/cri/spec resolves supplemental groups itself and honours Strict (no groups
 		// from the image's /etc/group); ContainerStatus.user reports the result.
 		Features: &runtime.RuntimeFeatures{SupplementalGroupsPolicy: true, UserNamespacesHostNetwork: s.usernsHostNetwork()},
 	}

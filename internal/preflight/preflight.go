@@ -52,7 +52,7 @@ type Host struct {
 	SysDir        string // /sys
 	SystemdDir    string // /run/systemd/system: exists when systemd is PID 1
 	KubeletConfig string // kubelet's config file (cgroupDriver)
-	// RecursiveReadOnly and IDMappedMounts probe the running kernel (cri/spec's probes,
+	// RecursiveReadOnly and IDMappedMounts probe the running kernel (internal/cri/spec's probes,
 	// the ones criserver advertises features from).
 	RecursiveReadOnly func() bool
 	IDMappedMounts    func(dir string) error

@@ -51,7 +51,7 @@ type criUserNS struct {
 
 // optionsFromPodConfig maps containerd's PodSandboxConfig onto crisp's SandboxOptions,
 // the one form buildSpec validates, the way crisp's own CRI server does
-// (cri/sandbox.go RunPodSandbox): the hostname defaults to the pod name and a pod on
+// (internal/cri/sandbox.go RunPodSandbox): the hostname defaults to the pod name and a pod on
 // the host network keeps the host's UTS namespace; sysctl keys may use "/"; the pause
 // process gets containerd's oom_score_adj. containerd gives no cgroup driver to the
 // sandboxer, so it follows from the parent's form: kubelet's systemd driver passes a

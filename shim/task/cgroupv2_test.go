@@ -219,8 +219,8 @@ func TestOOMWatchV2NoMemoryController(t *testing.T) {
 func u64(v uint64) *uint64 { return &v }
 func i64(v int64) *int64   { return &v }
 
-// TestV2ResourceFiles follows a container's OCI resources (as crisp's cri/spec makes
-// them from the CRI's LinuxContainerResources, see cri/spec's TestCgroupV2Resources)
+// TestV2ResourceFiles follows a container's OCI resources (as crisp's internal/cri/spec makes
+// them from the CRI's LinuxContainerResources, see internal/cri/spec's TestCgroupV2Resources)
 // through the shim's libcontainer config into the files libcontainer's cgroup v2
 // manager writes, in a v2 node's layout. libcontainer converts cpu shares to cpu.weight
 // and memory+swap to memory.swap.max; crisp relies on that and must not do it twice.
@@ -296,7 +296,7 @@ func TestV2ResourceFiles(t *testing.T) {
 	}
 }
 
-// TestContainerCgroupSystemd: the container's cgroupsPath from cri/spec
+// TestContainerCgroupSystemd: the container's cgroupsPath from internal/cri/spec
 // ("<pod slice>:crisp:<id>") makes libcontainer use the systemd driver with that slice,
 // prefix and name, and the stats are read from the scope libcontainer makes.
 func TestContainerCgroupSystemd(t *testing.T) {

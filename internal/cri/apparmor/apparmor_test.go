@@ -35,7 +35,7 @@ func TestLoaded(t *testing.T) {
 }
 
 // TestDefaultProfileGenerates checks that containerd's template gives a profile under
-// crisp's name; that the kernel accepts it is shown in the node VM (e2e/node).
+// crisp's name; that the kernel accepts it is shown in the node VM (test/e2e/node_apparmor_test.go).
 func TestDefaultProfileGenerates(t *testing.T) {
 	p, err := dumpDefault()
 	if err != nil {

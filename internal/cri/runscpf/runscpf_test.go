@@ -10,7 +10,7 @@ import (
 	"testing"
 )
 
-// gvisorRunsc is the runsc that hack/gvisor.sh caches (e2e/gvisor_test.go).
+// gvisorRunsc is the runsc that hack/gvisor.sh caches (test/e2e/gvisor_test.go).
 const gvisorRunsc = "/var/cache/crisp/gvisor-v0.0.0-20260905035102-160fafc42237/bin/runsc"
 
 func TestLoad(t *testing.T) {
