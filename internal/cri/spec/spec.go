@@ -99,33 +99,13 @@ type Result struct {
 // applied last, over the rest, as containerd's WithCDI does; an unknown one is
 // errdefs.ErrInvalidArgument.
 func Generate(in Input) (*Result, error) {
-	cfg, pod := in.Config, in.Pod
-	if cfg == nil {
-		return nil, invalidf("container config is required")
-	}
-	if pod == nil {
-		return nil, invalidf("pod sandbox config is required")
-	}
-	if !idRE.MatchString(in.ContainerID) {
-		return nil, invalidf("container id %q is not valid", in.ContainerID)
-	}
-	if cfg.GetMetadata().GetName() == "" {
-		return nil, invalidf("container config has no metadata name")
-	}
-	sc := cfg.GetLinux().GetSecurityContext()
-	privileged := sc.GetPrivileged()
-	// containerd and CRI-O: a privileged container needs a privileged pod (kubelet
-	// marks the pod privileged when any of its containers is).
-	if privileged && !pod.GetLinux().GetSecurityContext().GetPrivileged() {
-		return nil, invalidf("privileged container %q is not allowed in a pod that is not privileged", cfg.GetMetadata().GetName())
-	}
-	userNS, err := ContainerUserNS(sc.GetNamespaceOptions(), pod.GetLinux().GetSecurityContext().GetNamespaceOptions())
+	userNS, err := checkInput(in)
 	if err != nil {
 		return nil, err
 	}
-	if userNS != nil && privileged {
-		return nil, invalidf("privileged container %q cannot run in a user namespace", cfg.GetMetadata().GetName())
-	}
+	cfg, pod := in.Config, in.Pod
+	sc := cfg.GetLinux().GetSecurityContext()
+	privileged := sc.GetPrivileged()
 	var warnings []string
 
 	modes := namespaceModes(cfg, pod)
@@ -134,31 +114,7 @@ func Generate(in Input) (*Result, error) {
 		return nil, err
 	}
 
-	imgCfg := in.Image.Config
-	args, err := processArgs(cfg, imgCfg)
-	if err != nil {
-		return nil, err
-	}
-	hostname := pod.GetHostname()
-	if hostname == "" {
-		// containerd: a pod without a hostname (crictl) has the node's.
-		if hostname, err = osHostname(); err != nil {
-			return nil, fmt.Errorf("hostname for HOSTNAME: %w", err)
-		}
-	}
-	env, err := processEnv(cfg, imgCfg, hostname)
-	if err != nil {
-		return nil, err
-	}
-	cwd, err := workingDir(cfg, imgCfg)
-	if err != nil {
-		return nil, err
-	}
-	ident, err := resolveIdentity(in.RootfsPath, sc, imgCfg.User)
-	if err != nil {
-		return nil, err
-	}
-	caps, err := capabilities(sc.GetCapabilities(), privileged)
+	process, ident, err := processFor(in, privileged)
 	if err != nil {
 		return nil, err
 	}
@@ -180,27 +136,9 @@ func Generate(in Input) (*Result, error) {
 		return nil, err
 	}
 
-	devices, deviceRules, err := criDevices(cfg.GetDevices())
+	devices, deviceRules, err := deviceAccess(cfg, privileged)
 	if err != nil {
 		return nil, err
-	}
-	if privileged {
-		// Privileged: every host device, and the device cgroup allows all (containerd's
-		// WithHostDevices + WithAllDevicesAllowed). A CRI device keeps its own path.
-		host, err := hostDevices()
-		if err != nil {
-			return nil, fmt.Errorf("list host devices: %w", err)
-		}
-		for _, d := range host {
-			if !slices.ContainsFunc(devices, func(x specs.LinuxDevice) bool { return x.Path == d.Path }) {
-				devices = append(devices, d)
-			}
-		}
-		deviceRules = []specs.LinuxDeviceCgroup{{Allow: true, Access: "rwm"}}
-	} else {
-		// Deny everything, then allow the CRI's devices; runc adds its default
-		// devices (/dev/null, /dev/zero, ...) and their rules itself.
-		deviceRules = append([]specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}}, deviceRules...)
 	}
 
 	resources, resWarnings, err := mapResources(cfg.GetLinux().GetResources())
@@ -237,22 +175,10 @@ func Generate(in Input) (*Result, error) {
 	}
 	masked, readonly := maskedAndReadonlyPaths(sc)
 
+	process.OOMScoreAdj = oom
 	s := &specs.Spec{
-		Version: specs.Version,
-		Process: &specs.Process{
-			Terminal: cfg.GetTty(),
-			User: specs.User{
-				UID:            ident.UID,
-				GID:            ident.GID,
-				AdditionalGids: slices.Clone(ident.AdditionalGIDs),
-			},
-			Args:            args,
-			Env:             env,
-			Cwd:             cwd,
-			Capabilities:    caps,
-			NoNewPrivileges: sc.GetNoNewPrivs(),
-			OOMScoreAdj:     oom,
-		},
+		Version:     specs.Version,
+		Process:     process,
 		Root:        &specs.Root{Path: RootfsPath, Readonly: sc.GetReadonlyRootfs()},
 		Mounts:      mounts,
 		Annotations: annotations(in),
@@ -266,6 +192,129 @@ func Generate(in Input) (*Result, error) {
 			ReadonlyPaths:     readonly,
 		},
 	}
+	secWarnings, err := applySecurityProfiles(s, sc, in.AppArmor)
+	if err != nil {
+		return nil, err
+	}
+	warnings = append(warnings, secWarnings...)
+	if err := in.CDI.injectCDI(s, cfg); err != nil {
+		return nil, err
+	}
+	return &Result{Spec: s, User: ident, Warnings: warnings}, nil
+}
+
+// processFor makes the container's process from its config and its image's: the
+// command, environment, working directory, user (resolved in the rootfs) and
+// capabilities. The OOM score is the caller's to set.
+func processFor(in Input, privileged bool) (*specs.Process, UserInfo, error) {
+	cfg, imgCfg := in.Config, in.Image.Config
+	sc := cfg.GetLinux().GetSecurityContext()
+	args, err := processArgs(cfg, imgCfg)
+	if err != nil {
+		return nil, UserInfo{}, err
+	}
+	hostname := in.Pod.GetHostname()
+	if hostname == "" {
+		// containerd: a pod without a hostname (crictl) has the node's.
+		if hostname, err = osHostname(); err != nil {
+			return nil, UserInfo{}, fmt.Errorf("hostname for HOSTNAME: %w", err)
+		}
+	}
+	env, err := processEnv(cfg, imgCfg, hostname)
+	if err != nil {
+		return nil, UserInfo{}, err
+	}
+	cwd, err := workingDir(cfg, imgCfg)
+	if err != nil {
+		return nil, UserInfo{}, err
+	}
+	ident, err := resolveIdentity(in.RootfsPath, sc, imgCfg.User)
+	if err != nil {
+		return nil, UserInfo{}, err
+	}
+	caps, err := capabilities(sc.GetCapabilities(), privileged)
+	if err != nil {
+		return nil, UserInfo{}, err
+	}
+	return &specs.Process{
+		Terminal: cfg.GetTty(),
+		User: specs.User{
+			UID:            ident.UID,
+			GID:            ident.GID,
+			AdditionalGids: slices.Clone(ident.AdditionalGIDs),
+		},
+		Args:            args,
+		Env:             env,
+		Cwd:             cwd,
+		Capabilities:    caps,
+		NoNewPrivileges: sc.GetNoNewPrivs(),
+	}, ident, nil
+}
+
+// checkInput refuses a request Generate cannot map: missing configs, a bad id, a
+// privileged container in an unprivileged pod or in a user namespace. It returns the
+// container's user namespace (nil: none).
+func checkInput(in Input) (*UserNS, error) {
+	cfg, pod := in.Config, in.Pod
+	if cfg == nil {
+		return nil, invalidf("container config is required")
+	}
+	if pod == nil {
+		return nil, invalidf("pod sandbox config is required")
+	}
+	if !idRE.MatchString(in.ContainerID) {
+		return nil, invalidf("container id %q is not valid", in.ContainerID)
+	}
+	if cfg.GetMetadata().GetName() == "" {
+		return nil, invalidf("container config has no metadata name")
+	}
+	sc := cfg.GetLinux().GetSecurityContext()
+	privileged := sc.GetPrivileged()
+	// containerd and CRI-O: a privileged container needs a privileged pod (kubelet
+	// marks the pod privileged when any of its containers is).
+	if privileged && !pod.GetLinux().GetSecurityContext().GetPrivileged() {
+		return nil, invalidf("privileged container %q is not allowed in a pod that is not privileged", cfg.GetMetadata().GetName())
+	}
+	userNS, err := ContainerUserNS(sc.GetNamespaceOptions(), pod.GetLinux().GetSecurityContext().GetNamespaceOptions())
+	if err != nil {
+		return nil, err
+	}
+	if userNS != nil && privileged {
+		return nil, invalidf("privileged container %q cannot run in a user namespace", cfg.GetMetadata().GetName())
+	}
+	return userNS, nil
+}
+
+// deviceAccess returns the container's devices and its device cgroup rules.
+func deviceAccess(cfg *runtime.ContainerConfig, privileged bool) ([]specs.LinuxDevice, []specs.LinuxDeviceCgroup, error) {
+	devices, deviceRules, err := criDevices(cfg.GetDevices())
+	if err != nil {
+		return nil, nil, err
+	}
+	if !privileged {
+		// Deny everything, then allow the CRI's devices; runc adds its default
+		// devices (/dev/null, /dev/zero, ...) and their rules itself.
+		return devices, append([]specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}}, deviceRules...), nil
+	}
+	// Privileged: every host device, and the device cgroup allows all (containerd's
+	// WithHostDevices + WithAllDevicesAllowed). A CRI device keeps its own path.
+	host, err := hostDevices()
+	if err != nil {
+		return nil, nil, fmt.Errorf("list host devices: %w", err)
+	}
+	for _, d := range host {
+		if !slices.ContainsFunc(devices, func(x specs.LinuxDevice) bool { return x.Path == d.Path }) {
+			devices = append(devices, d)
+		}
+	}
+	return devices, []specs.LinuxDeviceCgroup{{Allow: true, Access: "rwm"}}, nil
+}
+
+// applySecurityProfiles sets the container's seccomp filter and AppArmor profile on s,
+// which must be otherwise complete (the default seccomp profile depends on its
+// capabilities), and returns the warnings they and ignored SELinux options give.
+func applySecurityProfiles(s *specs.Spec, sc *runtime.LinuxContainerSecurityContext, aa AppArmor) ([]string, error) {
+	var warnings []string
 	seccompFilter, warning, err := seccompFor(sc, s)
 	if err != nil {
 		return nil, err
@@ -274,7 +323,7 @@ func Generate(in Input) (*Result, error) {
 	if warning != "" {
 		warnings = append(warnings, warning)
 	}
-	if s.Process.ApparmorProfile, warning, err = apparmorFor(sc, in.AppArmor); err != nil {
+	if s.Process.ApparmorProfile, warning, err = apparmorFor(sc, aa); err != nil {
 		return nil, err
 	}
 	if warning != "" {
@@ -283,10 +332,7 @@ func Generate(in Input) (*Result, error) {
 	if se := sc.GetSelinuxOptions(); se.GetType() != "" || se.GetLevel() != "" || se.GetRole() != "" || se.GetUser() != "" {
 		warnings = append(warnings, "SELinux options ignored: crisp does not apply SELinux labels")
 	}
-	if err := in.CDI.injectCDI(s, cfg); err != nil {
-		return nil, err
-	}
-	return &Result{Spec: s, User: ident, Warnings: warnings}, nil
+	return warnings, nil
 }
 
 // annotations are the CRI's container annotations plus containerd's, which are set last
