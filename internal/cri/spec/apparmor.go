@@ -60,31 +60,38 @@ func apparmorRequest(sc *runtime.LinuxContainerSecurityContext) (kind runtime.Se
 }
 
 // apparmorFor is the AppArmor profile of a container's process ("" runs it with the
-// runtime's own, unconfined), as containerd chooses it: the default profile for an
-// unset or RuntimeDefault request, a Localhost profile only if it is loaded,
-// nothing for Unconfined. Privileged containers run unconfined (a profile they ask
-// for is ignored with a warning, as their seccomp profile is). On a host without
-// AppArmor anything but unset or Unconfined fails: the container would run without
-// the confinement it asked for.
+// runtime's own, unconfined), as containerd 2.x chooses it (sputil's
+// GenerateApparmorSpecOpts): crisp's default profile for an unset or RuntimeDefault
+// request, a Localhost profile only if it is loaded, nothing for Unconfined. For a
+// privileged container the runtime's default is unconfined, so unset and
+// RuntimeDefault give nothing (an explicit RuntimeDefault with a warning saying so),
+// but a Localhost profile the user named is applied like anyone's.
+//
+// The outcome depends only on whether crisp can give what was asked: on a host
+// without AppArmor (or with disable_apparmor) a request that would run unconfined
+// anyway (unset, Unconfined, RuntimeDefault on a privileged container) succeeds, and
+// one that needs confinement (Localhost, RuntimeDefault on a non-privileged
+// container) fails with FailedPrecondition rather than run without it. containerd
+// also refuses the privileged RuntimeDefault case there ("apparmor is not
+// supported"), although AppArmor would not have confined it.
 func apparmorFor(sc *runtime.LinuxContainerSecurityContext, aa AppArmor) (profile, warning string, err error) {
 	kind, name, unset, err := apparmorRequest(sc)
 	if err != nil {
 		return "", "", err
 	}
-	if unset || kind == runtime.SecurityProfile_Unconfined {
-		if unset && aa != nil && !sc.GetPrivileged() {
-			profile, err = aa.EnsureDefault()
-			return profile, "", err
-		}
+	switch {
+	case kind == runtime.SecurityProfile_Unconfined:
 		return "", "", nil
-	}
-	if aa == nil {
+	case kind == runtime.SecurityProfile_RuntimeDefault && sc.GetPrivileged():
+		if unset {
+			return "", "", nil
+		}
+		return "", "apparmor profile RuntimeDefault gives a privileged container no profile: it runs unconfined", nil
+	case aa == nil && unset:
+		return "", "", nil
+	case aa == nil:
 		return "", "", failedPreconditionf("apparmor profile %s requested, but AppArmor is not enabled on this node (or criserver has disable_apparmor set)", apparmorName(kind, name))
-	}
-	if sc.GetPrivileged() {
-		return "", "apparmor profile " + apparmorName(kind, name) + " ignored: privileged containers run unconfined", nil
-	}
-	if kind == runtime.SecurityProfile_RuntimeDefault {
+	case kind == runtime.SecurityProfile_RuntimeDefault:
 		profile, err = aa.EnsureDefault()
 		return profile, "", err
 	}

@@ -4,6 +4,7 @@ package spec
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -55,9 +56,6 @@ func TestAppArmorFor(t *testing.T) {
 		{name: "Localhost without a ref", sc: &runtime.LinuxContainerSecurityContext{Apparmor: prof(local, "")}, errIs: isInvalid},
 		{name: "a ref with RuntimeDefault", sc: &runtime.LinuxContainerSecurityContext{Apparmor: prof(def, "x")}, errIs: isInvalid},
 		{name: "unknown type", sc: &runtime.LinuxContainerSecurityContext{Apparmor: prof(7, "")}, errIs: isInvalid},
-		{name: "privileged unset", sc: &runtime.LinuxContainerSecurityContext{Privileged: true}, want: ""},
-		{name: "privileged RuntimeDefault", sc: &runtime.LinuxContainerSecurityContext{Privileged: true, Apparmor: prof(def, "")}, want: "", warn: true},
-		{name: "privileged Localhost", sc: &runtime.LinuxContainerSecurityContext{Privileged: true, Apparmor: prof(local, "deny-write")}, want: "", warn: true},
 		{name: "deprecated runtime/default", sc: &runtime.LinuxContainerSecurityContext{ApparmorProfile: "runtime/default"}, want: "crisp-default"},
 		{name: "deprecated unconfined", sc: &runtime.LinuxContainerSecurityContext{ApparmorProfile: "unconfined"}, want: ""},
 		{name: "deprecated localhost/", sc: &runtime.LinuxContainerSecurityContext{ApparmorProfile: "localhost/deny-write"}, want: "deny-write"},
@@ -94,6 +92,80 @@ func TestAppArmorFor(t *testing.T) {
 				t.Errorf("profile %q warning %q, want %q (warning %v)", got, warning, tc.want, tc.warn)
 			}
 		})
+	}
+}
+
+// TestAppArmorForPrivileged: a privileged container gets what containerd gives it
+// (no default profile; a Localhost profile it names), and the outcome depends only on
+// whether the host can give what was asked: nothing is refused that would run the same
+// with AppArmor on, nothing asked for is dropped. Each request through the apparmor
+// field and the deprecated string.
+func TestAppArmorForPrivileged(t *testing.T) {
+	const (
+		notFound = "apparmor profile not found nope: load it on the node (apparmor_parser) before creating the container"
+		noAA     = "apparmor profile localhost/%s requested, but AppArmor is not enabled on this node (or criserver has disable_apparmor set)"
+	)
+	type outcome struct {
+		profile string
+		warn    bool
+		errText string // FailedPrecondition with this message
+	}
+	for _, tc := range []struct {
+		name    string
+		field   *runtime.SecurityProfile
+		str     string
+		on, off outcome
+	}{
+		{name: "unset", on: outcome{}, off: outcome{}},
+		{name: "RuntimeDefault", field: &runtime.SecurityProfile{ProfileType: runtime.SecurityProfile_RuntimeDefault}, str: "runtime/default",
+			on: outcome{warn: true}, off: outcome{warn: true}},
+		{name: "Unconfined", field: &runtime.SecurityProfile{ProfileType: runtime.SecurityProfile_Unconfined}, str: "unconfined",
+			on: outcome{}, off: outcome{}},
+		{name: "Localhost loaded", field: &runtime.SecurityProfile{ProfileType: runtime.SecurityProfile_Localhost, LocalhostRef: "deny-write"}, str: "localhost/deny-write",
+			on: outcome{profile: "deny-write"}, off: outcome{errText: fmt.Sprintf(noAA, "deny-write")}},
+		{name: "Localhost not loaded", field: &runtime.SecurityProfile{ProfileType: runtime.SecurityProfile_Localhost, LocalhostRef: "nope"}, str: "localhost/nope",
+			on: outcome{errText: notFound}, off: outcome{errText: fmt.Sprintf(noAA, "nope")}},
+	} {
+		for _, form := range []string{"field", "string"} {
+			if tc.field == nil && form == "string" {
+				continue
+			}
+			for _, aaOn := range []bool{true, false} {
+				want, host := tc.on, "AppArmor on"
+				if !aaOn {
+					want, host = tc.off, "AppArmor off"
+				}
+				t.Run(tc.name+"/"+form+"/"+host, func(t *testing.T) {
+					sc := &runtime.LinuxContainerSecurityContext{Privileged: true}
+					if form == "field" {
+						sc.Apparmor = tc.field
+					} else {
+						sc.ApparmorProfile = tc.str
+					}
+					var aa AppArmor
+					fake := &fakeAppArmor{loaded: map[string]bool{"deny-write": true}}
+					if aaOn {
+						aa = fake
+					}
+					got, warning, err := apparmorFor(sc, aa)
+					if want.errText != "" {
+						if !isFailedPrecondition(err) || err.Error() != want.errText {
+							t.Fatalf("err %v\nwant FailedPrecondition %q", err, want.errText)
+						}
+						return
+					}
+					if err != nil {
+						t.Fatalf("err %v, want profile %q", err, want.profile)
+					}
+					if got != want.profile || (warning != "") != want.warn {
+						t.Errorf("profile %q warning %q, want %q (warning %v)", got, warning, want.profile, want.warn)
+					}
+					if fake.loads != 0 {
+						t.Errorf("the default profile was loaded for a privileged container")
+					}
+				})
+			}
+		}
 	}
 }
 
