@@ -261,6 +261,36 @@ func WithTamperedBlobs(match BlobMatcher) RegistryOption {
 	})
 }
 
+// WithTamperedTails serves matching blobs with their last byte changed and the right
+// length: a decompressor reads everything before it as the blob's data, and only the
+// digest check at the very end (or the compressed format's own trailer) can tell.
+func WithTamperedTails(match BlobMatcher) RegistryOption {
+	return blobFault(match, func(w http.ResponseWriter, _ *http.Request, d digest.Digest, body []byte) {
+		bad := append([]byte(nil), body...)
+		if len(bad) > 0 {
+			bad[len(bad)-1] ^= 0xff
+		}
+		blobHeaders(w, d)
+		w.Header().Set("Content-Length", fmt.Sprint(len(bad)))
+		w.WriteHeader(http.StatusOK)
+		w.Write(bad)
+	})
+}
+
+// WithOverlongBlobs serves matching blobs followed by extra bytes, without a
+// Content-Length, so that only counting what arrives can tell the body is longer than
+// the manifest says.
+func WithOverlongBlobs(match BlobMatcher, extra []byte) RegistryOption {
+	return blobFault(match, func(w http.ResponseWriter, _ *http.Request, d digest.Digest, body []byte) {
+		blobHeaders(w, d)
+		w.WriteHeader(http.StatusOK)
+		// Flushing the headers first forces chunked encoding: no Content-Length.
+		w.(http.Flusher).Flush()
+		w.Write(body)
+		w.Write(extra)
+	})
+}
+
 // WithTruncatedBlobs serves only the first keep bytes of matching blobs and ends the
 // response cleanly, without a Content-Length, so the client sees a well-formed but
 // short body.

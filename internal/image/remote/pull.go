@@ -168,7 +168,7 @@ func New(cfg Config, cs *content.Store, log *slog.Logger) *Puller {
 			p.mirrors[key] = append(p.mirrors[key], ep)
 		}
 	}
-	p.rt = newRoundTripper(policy)
+	p.rt = limitManifests(newRoundTripper(policy))
 	p.policy = policy
 	return p
 }

@@ -585,6 +585,91 @@ func TestPullRefusesOversizedDocuments(t *testing.T) {
 	}
 }
 
+// TestPullRefusesOverlongBlob: a registry (or a man in the middle of a plain-HTTP
+// mirror) that sends more bytes than the manifest declares, without a Content-Length
+// to refuse up front, is cut off at the declared size plus one byte: the layer's
+// consumer (the unpacker) never sees the excess, here a second gzip member inflating
+// to 64 MiB, and nothing is stored.
+func TestPullRefusesOverlongBlob(t *testing.T) {
+	layer := imagetest.NewLayer(t, imagetest.OCI, imagetest.Gzip, imagetest.File("a", "b"))
+	img := imagetest.NewImage(t, imagetest.ImageOptions{}, layer)
+	d := imagetest.Digest(t, layer)
+	size := int64(len(layer.Blob()))
+	bomb := imagetest.ZerosLayer(t, imagetest.OCI, "zeros", 64<<20).Blob()
+	host := imagetest.StartRegistry(t, imagetest.WithOverlongBlobs(imagetest.Blobs(d), bomb))
+	imagetest.Push(t, host, "long:v1", img)
+	p, cs := newPuller(t, Config{})
+	var mu sync.Mutex
+	var seen int64
+	unpacker := func([]Layer) LayerFunc {
+		return func(ctx context.Context, _ int, _ Layer, fetch FetchFunc) error {
+			_, err := fetch(ctx, func(r io.Reader) error {
+				n, err := io.Copy(io.Discard, r)
+				mu.Lock()
+				seen += n
+				mu.Unlock()
+				return err
+			})
+			return err
+		}
+	}
+	_, err := p.PullLayers(context.Background(), host+"/long:v1", nil, unpacker)
+	t.Log(err)
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "too long") || !strings.Contains(err.Error(), d.String()) {
+		t.Fatalf("pull = %v, want FailedPrecondition naming the layer and saying it is too long", err)
+	}
+	if seen > size+1 {
+		t.Errorf("the consumer read %d bytes of a blob declared %d bytes long", seen, size)
+	}
+	if storedBlobs(t, cs)[d] {
+		t.Error("the overlong blob is in the store")
+	}
+	noIngest(t, cs)
+}
+
+// TestPullRefusesOversizedManifestEarly: a manifest response larger than the 4 MiB
+// crisp reads is cut off while it arrives, not held in memory whole (up to the 100 MiB
+// of the registry client) and measured afterwards.
+func TestPullRefusesOversizedManifestEarly(t *testing.T) {
+	const served = 96 << 20
+	var mu sync.Mutex
+	var wrote int64
+	huge := imagetest.WithMiddleware(func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if !strings.Contains(r.URL.Path, "/manifests/") || r.Method != http.MethodGet {
+				next.ServeHTTP(w, r)
+				return
+			}
+			w.Header().Set("Content-Type", "application/vnd.oci.image.manifest.v1+json")
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush() // chunked: no Content-Length to refuse up front
+			chunk := bytes.Repeat([]byte(" "), 1<<20)
+			for range served / len(chunk) {
+				n, err := w.Write(chunk)
+				mu.Lock()
+				wrote += int64(n)
+				mu.Unlock()
+				if err != nil {
+					return
+				}
+			}
+		})
+	})
+	host := imagetest.StartRegistry(t, huge)
+	p, _ := newPuller(t, Config{})
+	_, err := p.Pull(context.Background(), host+"/huge:v1", nil)
+	t.Log(err)
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "4194304") {
+		t.Fatalf("pull = %v, want InvalidArgument saying the manifest is larger than 4194304 bytes", err)
+	}
+	// Socket buffers hold a few MiB more than the client read.
+	mu.Lock()
+	defer mu.Unlock()
+	if wrote > 32<<20 {
+		t.Errorf("the registry sent %d MiB of a manifest before the pull refused it", wrote>>20)
+	}
+}
+
 // TestConcurrentPulls pulls one image ten times at once, and two images sharing a
 // layer, and checks every blob crossed the network exactly once.
 func TestConcurrentPulls(t *testing.T) {
