@@ -11,10 +11,11 @@ import (
 
 	"github.com/crisp-runtime/crisp/internal/config"
 	"github.com/crisp-runtime/crisp/internal/cri/spec"
+	"github.com/crisp-runtime/crisp/internal/podfiles"
 )
 
 // maxHostname is the kernel's limit on a UTS hostname.
-const maxHostname = 64
+const maxHostname = podfiles.MaxHostname
 
 // maxTimeoutSeconds is the longest timeout, in seconds, a time.Duration holds (about
 // 292 years).
@@ -54,20 +55,12 @@ func validatePodConfig(cfg *runtime.PodSandboxConfig, cgroupDriver string) error
 			return invalid("pod sandbox metadata.%s %q must not contain '/' or NUL or be '.' or '..'", field, v)
 		}
 	}
-	if h := cfg.GetHostname(); len(h) > maxHostname || strings.ContainsAny(h, "/\x00 ") {
-		return invalid("hostname %q must be at most %d characters without '/', spaces or NUL", h, maxHostname)
+	if err := validatePodHostname(cfg); err != nil {
+		return err
 	}
-	if dns := cfg.GetDnsConfig(); dns != nil {
-		for _, s := range dns.GetServers() {
-			if net.ParseIP(s) == nil {
-				return invalid("dns_config.servers: %q is not an IP address", s)
-			}
-		}
-		for _, s := range append(append([]string{}, dns.GetSearches()...), dns.GetOptions()...) {
-			if s == "" || strings.ContainsAny(s, " \t\n") {
-				return invalid("dns_config: search or option %q must be one non-empty word", s)
-			}
-		}
+	// The check crisp's shim makes too, for containerd's pods.
+	if err := podDNS(cfg.GetDnsConfig()).Validate(); err != nil {
+		return invalid("%v", err)
 	}
 	for _, pm := range cfg.GetPortMappings() {
 		if pm.GetContainerPort() <= 0 || pm.GetContainerPort() > 65535 {
@@ -122,6 +115,26 @@ func validatePodConfig(cfg *runtime.PodSandboxConfig, cgroupDriver string) error
 		if err := validateCgroupParent(p, cgroupDriver); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// validatePodHostname checks the hostname the pod's /etc/hostname and /etc/hosts will
+// carry as crisp's shim checks it for containerd's pods (podfiles.ValidateHostname): the
+// one given, or without one the pod's name, which runPodHostname falls back to unless
+// the pod is on the host network (it gets the node's name then).
+func validatePodHostname(cfg *runtime.PodSandboxConfig) error {
+	if h := cfg.GetHostname(); h != "" {
+		if err := podfiles.ValidateHostname(h); err != nil {
+			return invalid("%v", err)
+		}
+		return nil
+	}
+	if cfg.GetLinux().GetSecurityContext().GetNamespaceOptions().GetNetwork() == runtime.NamespaceMode_NODE {
+		return nil
+	}
+	if err := podfiles.ValidateHostname(runPodHostname(cfg, false)); err != nil {
+		return invalid("pod sandbox metadata.name %q is the pod's hostname when no hostname is given: %v", cfg.GetMetadata().GetName(), err)
 	}
 	return nil
 }

@@ -52,6 +52,42 @@ func TestValidatePodConfig(t *testing.T) {
 			c.DnsConfig = &runtime.DNSConfig{Servers: []string{"dns.example"}}
 			return c
 		}, wantErr: "not an IP address"},
+		// A hostname goes into /etc/hosts next to the pod's IP (podfiles.Write): a line
+		// break or a tab there adds an entry or an alias of the caller's choosing.
+		{name: "hostname with a line break", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
+			c.Hostname = "web\n203.0.113.9\tevil"
+			return c
+		}, wantErr: "hostname"},
+		{name: "hostname with a tab", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
+			c.Hostname = "web\tevil"
+			return c
+		}, wantErr: "hostname"},
+		{name: "pod name with a line break as the hostname", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
+			c.Hostname, c.Metadata.Name = "", "web\n203.0.113.9\tevil"
+			return c
+		}, wantErr: "hostname"},
+		{name: "pod name on the host network is not the hostname", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
+			c.Hostname, c.Metadata.Name = "", "web_0 "
+			c.Linux.SecurityContext = &runtime.LinuxSandboxSecurityContext{NamespaceOptions: &runtime.NamespaceOption{Network: runtime.NamespaceMode_NODE}}
+			return c
+		}},
+		{name: "dns option with a line break", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
+			c.DnsConfig = &runtime.DNSConfig{Servers: []string{"10.0.0.10"}, Options: []string{"ndots:5\nnameserver 203.0.113.9"}}
+			return c
+		}, wantErr: "dns_config.options[0]"},
+		{name: "dns search with a carriage return", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
+			c.DnsConfig = &runtime.DNSConfig{Searches: []string{"svc.local\rnameserver"}}
+			return c
+		}, wantErr: "dns_config.searches[0]"},
+		{name: "four dns servers", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
+			c.DnsConfig = &runtime.DNSConfig{Servers: []string{"10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"}}
+			return c
+		}, wantErr: "4 servers, at most 3"},
+		{name: "kubelet's dns config", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
+			c.DnsConfig = &runtime.DNSConfig{Servers: []string{"10.96.0.10", "fd00::10", "10.0.0.2"},
+				Searches: []string{"default.svc.cluster.local", "svc.cluster.local", "cluster.local"}, Options: []string{"ndots:5", "edns0"}}
+			return c
+		}},
 		{name: "bad port", mutate: func(c *runtime.PodSandboxConfig) *runtime.PodSandboxConfig {
 			c.PortMappings = []*runtime.PortMapping{{ContainerPort: 70000}}
 			return c

@@ -2,7 +2,9 @@
 // /etc/hosts and /etc/resolv.conf, and mounts the tmpfs they share as /dev/shm. Both
 // of crisp's sandboxers need them: crisp's CRI server for its own pods, and crisp's
 // shim for the pods containerd's shim sandboxer gives it (containerd writes them only
-// for its podsandbox). It is a leaf package so that neither side imports the other.
+// for its podsandbox). Both check what goes into the files with its validator
+// (Pod.Validate, DNS.Validate), which Write applies again. It is a leaf package so that
+// neither side imports the other.
 package podfiles
 
 import (
@@ -48,8 +50,13 @@ type Pod struct {
 
 // Write writes /etc/hostname, /etc/hosts and /etc/resolv.conf for a pod into dir. The
 // host's own files are used where the pod shares the host's network and where kubelet
-// gave no DNS config, as containerd and CRI-O do.
+// gave no DNS config, as containerd and CRI-O do. A pod that fails Validate is refused
+// (InvalidArgument) before anything is written: the files hold no line break Write did
+// not put there itself.
 func Write(dir string, p Pod) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create pod dir: %w", err)
 	}
@@ -82,8 +89,11 @@ func Write(dir string, p Pod) error {
 }
 
 // ResolvConf renders a pod's resolv.conf from its DNS config, or copies the host's when
-// kubelet gave none.
+// kubelet gave none. A config that fails DNS.Validate is refused (InvalidArgument).
 func ResolvConf(dns DNS) ([]byte, error) {
+	if err := dns.Validate(); err != nil {
+		return nil, err
+	}
 	if len(dns.Servers) == 0 && len(dns.Searches) == 0 && len(dns.Options) == 0 {
 		data, err := os.ReadFile("/etc/resolv.conf")
 		if err != nil && !os.IsNotExist(err) {

@@ -57,7 +57,8 @@ type criUserNS struct {
 // sandboxer, so it follows from the parent's form: kubelet's systemd driver passes a
 // slice name ("kubepods-besteffort-pod….slice"), its cgroupfs driver an absolute path.
 // The pod's files (/etc/hostname, /etc/hosts, /etc/resolv.conf), which containerd's
-// podsandbox would write, come back too: under the shim sandboxer they are the shim's.
+// podsandbox would write, come back too, checked (podfiles.Pod.Validate): under the
+// shim sandboxer they are the shim's.
 func optionsFromPodConfig(data []byte) (*optionsv1.SandboxOptions, *podfiles.Pod, error) {
 	pc, err := decodePodConfig(data)
 	if err != nil {
@@ -103,6 +104,12 @@ func optionsFromPodConfig(data []byte) (*optionsv1.SandboxOptions, *podfiles.Pod
 		}
 	}
 	files := &podfiles.Pod{Hostname: o.Hostname, HostNetwork: o.Network == optionsv1.NamespaceMode_NODE, DNS: pc.dns}
+	// containerd passes kubelet's DNS config and the hostname on unchecked: they get
+	// the checks crisp's CRI server makes before it writes the same files, here, before
+	// the shim makes anything of the pod.
+	if err := files.Validate(); err != nil {
+		return nil, nil, err
+	}
 	return o, files, nil
 }
 

@@ -1,6 +1,8 @@
 package sandbox
 
 import (
+	"context"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -10,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/internal/podfiles"
 )
@@ -178,5 +181,58 @@ func TestUnpackPodSandboxConfigErrors(t *testing.T) {
 		if _, _, err := unpackOptions(a); !errdefs.IsInvalidArgument(err) {
 			t.Errorf("%s: got %v, want InvalidArgument", name, err)
 		}
+	}
+}
+
+// TestUnpackPodSandboxConfigRefusesPodFiles: what containerd's shim sandboxer sends for
+// the pod's files passes the checks crisp's CRI server makes (podfiles.Pod.Validate),
+// so that a DNS option or a hostname cannot add a line of its own to the pod's
+// resolv.conf or hosts, and the error names the field.
+func TestUnpackPodSandboxConfigRefusesPodFiles(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		cfg  *runtime.PodSandboxConfig
+		want string
+	}{
+		{"dns option with a line break", &runtime.PodSandboxConfig{Hostname: "web",
+			DnsConfig: &runtime.DNSConfig{Servers: []string{"10.0.0.10"}, Options: []string{"ndots:5\nnameserver 203.0.113.9"}}},
+			`dns_config.options[0] "ndots:5\nnameserver 203.0.113.9"`},
+		{"dns search with a line break", &runtime.PodSandboxConfig{Hostname: "web",
+			DnsConfig: &runtime.DNSConfig{Searches: []string{"svc.local\nnameserver 203.0.113.9"}}}, "dns_config.searches[0]"},
+		{"dns server not an IP", &runtime.PodSandboxConfig{Hostname: "web",
+			DnsConfig: &runtime.DNSConfig{Servers: []string{"10.0.0.10\nsearch evil"}}}, "dns_config.servers[0]"},
+		{"four dns servers", &runtime.PodSandboxConfig{Hostname: "web",
+			DnsConfig: &runtime.DNSConfig{Servers: []string{"10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"}}}, "4 servers, at most 3"},
+		{"hostname with a line break", &runtime.PodSandboxConfig{Hostname: "web\n203.0.113.9\tevil"}, "hostname"},
+		{"pod name with a line break as the hostname", &runtime.PodSandboxConfig{Metadata: &runtime.PodSandboxMetadata{Name: "web\n203.0.113.9\tevil"}}, "hostname"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, _, err := unpackOptions(podConfigAny(t, tt.cfg, "runtime.v1.PodSandboxConfig"))
+			if err == nil || !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("unpackOptions = %v, want InvalidArgument containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// TestCreateSandboxRefusesDNSLeavesNothing: CreateSandbox refuses a bad DNS config as
+// InvalidArgument before it writes anything into the bundle.
+func TestCreateSandboxRefusesDNSLeavesNothing(t *testing.T) {
+	bundle := t.TempDir()
+	s := New(Config{ID: "p1", Bundle: bundle})
+	// Were the request taken, the pod's cgroup and /dev/shm would have to go again.
+	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+	cfg := &runtime.PodSandboxConfig{Hostname: "web", DnsConfig: &runtime.DNSConfig{
+		Servers: []string{"10.0.0.10"}, Options: []string{"ndots:5\nnameserver 203.0.113.9"}}}
+	_, err := s.CreateSandbox(context.Background(), &sandboxapi.CreateSandboxRequest{
+		SandboxID: "p1", BundlePath: bundle, Options: podConfigAny(t, cfg, "runtime.v1.PodSandboxConfig")})
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "dns_config.options[0]") {
+		t.Fatalf("CreateSandbox = %v, want InvalidArgument naming dns_config.options[0]", err)
+	}
+	if entries, _ := os.ReadDir(bundle); len(entries) > 0 {
+		t.Errorf("CreateSandbox left %v in the bundle", entries)
+	}
+	if s.Created() {
+		t.Error("the refused sandbox is recorded as created")
 	}
 }
