@@ -8,6 +8,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/crisp-runtime/crisp/internal/spawn"
 )
 
 // The options containerd's overlay snapshotter adds to a snapshot's mounts when it
@@ -108,15 +110,22 @@ func userNSFile(uidmap, gidmap string) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gidmap: %w", err)
 	}
-	proc, err := os.StartProcess("/proc/self/exe", []string{"crisp-userns"}, &os.ProcAttr{
-		Sys: &syscall.SysProcAttr{
-			Cloneflags:  unix.CLONE_NEWUSER,
-			UidMappings: uids,
-			GidMappings: gids,
-			// The child stops at its execve (PTRACE_TRACEME): nothing of the binary runs.
-			Ptrace:    true,
-			Pdeathsig: syscall.SIGKILL,
-		},
+	// From the spawn thread: the child's parent-death signal, and its tracer, is the
+	// thread that forks it, and a thread of the caller's could end before the namespace
+	// is opened below.
+	var proc *os.Process
+	err = spawn.Do(func() (err error) {
+		proc, err = os.StartProcess("/proc/self/exe", []string{"crisp-userns"}, &os.ProcAttr{
+			Sys: &syscall.SysProcAttr{
+				Cloneflags:  unix.CLONE_NEWUSER,
+				UidMappings: uids,
+				GidMappings: gids,
+				// The child stops at its execve (PTRACE_TRACEME): nothing of the binary runs.
+				Ptrace:    true,
+				Pdeathsig: syscall.SIGKILL,
+			},
+		})
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("start a process for a user namespace: %w", err)

@@ -11,6 +11,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
+
+	"github.com/crisp-runtime/crisp/internal/spawn"
 )
 
 // HelperArg is the hidden first argument that makes the shim binary a short-lived task
@@ -142,9 +144,11 @@ func (s *Service) runHelper(ctx context.Context, action string, req *helperReque
 	cmd.ExtraFiles = files
 	// A helper must not outlive the shim: `shim-runc delete` cleans up after a dead
 	// shim, and a helper still creating a container then would leave it running.
+	// Started from the spawn thread, it gets that signal only when the shim dies.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	start := time.Now()
-	if err := s.reaper.Start(cmd); err != nil {
+	// The reaper's Start holds its gate only around the fork, so it may run there.
+	if err := spawn.Do(func() error { return s.reaper.Start(cmd) }); err != nil {
 		return nil, internal("%s helper of container %q: %v", action, req.ID, err)
 	}
 	werr := s.reaper.Wait(cmd)

@@ -2,9 +2,11 @@ package task
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -12,6 +14,7 @@ import (
 
 	taskv3 "github.com/crisp-runtime/crisp/api/containerd/task/v3"
 	"github.com/crisp-runtime/crisp/api/containerd/types"
+	"github.com/crisp-runtime/crisp/internal/testutil"
 	"github.com/crisp-runtime/crisp/shim/reaper"
 )
 
@@ -91,5 +94,35 @@ func TestHelperFiles(t *testing.T) {
 	}
 	if fds != (helperStdio{Stdin: 3, Stderr: 4}) {
 		t.Errorf("fds = %+v, want stdin 3, stderr 4, no stdout or console", fds)
+	}
+}
+
+// TestHelperSurvivesEndingThreads: a helper is killed when the shim dies (Pdeathsig),
+// not when the OS thread it was started from ends, which happens whenever a goroutine
+// that locked its thread returns and the runtime had given it that thread.
+func TestHelperSurvivesEndingThreads(t *testing.T) {
+	helper, _ := fakeHelper(t, "sleep 1; echo '{}'")
+	s, err := New(Config{StateRoot: t.TempDir(), Reaper: reaper.New(discard()), Logger: discard(), Helper: helper})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.EndThreads(t)
+	const helpers = 16
+	errs := make(chan error, helpers)
+	var wg sync.WaitGroup
+	for i := range helpers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := s.runHelper(context.Background(), helperPause, &helperRequest{ID: fmt.Sprintf("c%d", i)}, nil)
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("helper while threads end: %v", err)
+		}
 	}
 }

@@ -22,6 +22,8 @@ import (
 	"time"
 
 	"github.com/pelletier/go-toml/v2"
+
+	"github.com/crisp-runtime/crisp/internal/spawn"
 )
 
 // Defaults of gVisor's shim (pkg/shim/v1/runsccmd.DefaultCommand and
@@ -120,9 +122,10 @@ func (c Config) Dial(ctx context.Context, dir, namespace, containerID string, po
 	var stderr limitedBuffer
 	cmd := exec.Command(c.Binary, c.Args(namespace, sock, containerID, port)...)
 	cmd.Stderr = &stderr
-	// runsc must not outlive criserver should it hang talking to the sandbox.
+	// runsc must not outlive criserver should it hang talking to the sandbox; started
+	// from the spawn thread, it gets that signal only when criserver dies.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := spawn.Start(cmd); err != nil {
 		return nil, fmt.Errorf("start runsc port-forward: %w", err)
 	}
 	exited := make(chan error, 1)
