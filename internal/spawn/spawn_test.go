@@ -2,10 +2,14 @@ package spawn
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -16,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/crisp-runtime/crisp/internal/proc"
+	"github.com/crisp-runtime/crisp/internal/testutil"
 )
 
 // parentEnv makes the test binary a parent process for TestChildDiesWithProcess: it
@@ -213,5 +218,45 @@ func TestDoErrorAndPanic(t *testing.T) {
 	}()
 	if err := Do(func() error { return nil }); err != nil {
 		t.Fatalf("Do after a panic: %v", err)
+	}
+}
+
+// pdeathsigSet finds a Pdeathsig being given a value in Go source.
+var pdeathsigSet = regexp.MustCompile(`Pdeathsig\s*(:|=)`)
+
+// Every file of crisp that sets a Pdeathsig starts through this package: a start from
+// any other goroutine may land on a thread the runtime ends early.
+func TestPdeathsigUsersStartHere(t *testing.T) {
+	root := testutil.RepoRoot()
+	var found int
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "vendor" || d.Name() == "testdata") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if !pdeathsigSet.Match(src) {
+			return nil
+		}
+		found++
+		if !bytes.Contains(src, []byte("spawn.Start(")) && !bytes.Contains(src, []byte("spawn.Do(")) {
+			rel, _ := filepath.Rel(root, path)
+			t.Errorf("%s sets a Pdeathsig but does not start through spawn.Start or spawn.Do", rel)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if found == 0 {
+		t.Fatal("no file sets a Pdeathsig: the pattern no longer matches crisp's code")
 	}
 }
