@@ -9,6 +9,9 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
+
+	"github.com/crisp-runtime/crisp/internal/image/diskspace"
+	"github.com/crisp-runtime/crisp/internal/image/remote"
 )
 
 var (
@@ -87,3 +90,67 @@ func (d *decoded) Read(p []byte) (int, error) {
 }
 
 func (d *decoded) Close() error { return d.rc.Close() }
+
+// unpackBudget bounds one layer's unpack. With a limit (a stream not verified yet) it
+// counts the bytes decompressed, which bounds the entries and the file data the tar
+// stream holds, and the bytes the files declare, which also counts the holes of
+// sparse files that the unpack writes out in full; each may reach the limit. Without
+// one, only the reserve is checked before each large file.
+type unpackBudget struct {
+	layer   remote.Layer
+	limit   int64 // 0: none
+	reserve diskspace.Reserve
+	read    int64
+	files   int64
+	err     error // the limit's error, once exceeded
+}
+
+// reader counts what is read from the decompressed stream r.
+func (b *unpackBudget) reader(r io.Reader) io.Reader {
+	if b.limit <= 0 {
+		return r
+	}
+	return &budgetReader{b: b, r: r}
+}
+
+// entry is the snapshot's entry check: file name is about to write size bytes.
+func (b *unpackBudget) entry(name string, size int64) error {
+	if b.limit > 0 {
+		b.files += size
+		if b.files > b.limit {
+			return b.exceeded(fmt.Sprintf("its files declare %s so far (file %q: %s)", diskspace.Format(b.files), name, diskspace.Format(size)))
+		}
+	}
+	// A file the size of a reserve check interval or more: what the guarded stream
+	// would find only after writing it, or never for a sparse file.
+	if size >= diskspace.CheckEvery {
+		return b.reserve.Check(size, fmt.Sprintf("file %q", name))
+	}
+	return nil
+}
+
+// exceeded records and returns the error of a stream past the limit; what says which
+// count went past it.
+func (b *unpackBudget) exceeded(what string) error {
+	b.err = fmt.Errorf("its stream inflated past the %s a layer may write before its blob is verified (%d times the %d bytes the manifest declares, at least %s): %s: %w",
+		diskspace.Format(b.limit), unverifiedRatio, b.layer.Size, diskspace.Format(unverifiedFloor), what, errUnverifiedLimit)
+	return b.err
+}
+
+type budgetReader struct {
+	b *unpackBudget
+	r io.Reader
+}
+
+func (br *budgetReader) Read(p []byte) (int, error) {
+	// One byte past the limit tells that the stream goes on. left+1 could overflow.
+	if left := br.b.limit - br.b.read; left < int64(len(p)) {
+		p = p[:max(left, 0)+1]
+	}
+	n, err := br.r.Read(p)
+	br.b.read += int64(n)
+	if br.b.read > br.b.limit {
+		return 0, br.b.exceeded("it decompresses to more")
+	}
+	return n, err
+}

@@ -3,14 +3,20 @@ package image
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
+	"math"
+	"strings"
 	"testing"
 	"testing/iotest"
 
 	"github.com/containerd/errdefs"
+	digest "github.com/opencontainers/go-digest"
 
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
+
+	"github.com/crisp-runtime/crisp/internal/image/remote"
 )
 
 func TestDecompress(t *testing.T) {
@@ -69,5 +75,55 @@ func TestDecompress(t *testing.T) {
 				t.Errorf("error %v: InvalidArgument %v, want %v", err, errdefs.IsInvalidArgument(err), tc.invalid)
 			}
 		})
+	}
+}
+
+// TestUnpackBudget: with a limit, the decompressed stream stops with
+// errUnverifiedLimit once it goes past the limit, having passed no more than it (a
+// zstd stream of zeros goes far beyond gzip's ratio), and so do files that declare more
+// than it, sparse holes included; without a limit nothing is counted.
+func TestUnpackBudget(t *testing.T) {
+	var zs bytes.Buffer
+	zw, _ := zstd.NewWriter(&zs)
+	zw.Write(make([]byte, 64<<20))
+	zw.Close()
+	l := remote.Layer{Digest: digest.FromString("layer"), Size: int64(zs.Len())}
+	const limit = 1 << 20
+	b := &unpackBudget{layer: l, limit: limit}
+	raw, err := decompress(bytes.NewReader(zs.Bytes()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := io.Copy(io.Discard, b.reader(raw))
+	t.Logf("%d byte zstd blob: %v", zs.Len(), err)
+	if !errors.Is(err, errUnverifiedLimit) || n > limit {
+		t.Errorf("read %d bytes of a %d limit, err %v: want at most the limit and errUnverifiedLimit", n, limit, err)
+	}
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("the %d bytes the manifest declares", zs.Len())) || !strings.Contains(err.Error(), "1 MiB") {
+		t.Errorf("error does not give the declared size and the limit: %v", err)
+	}
+
+	files := &unpackBudget{layer: l, limit: limit}
+	if err := files.entry("a", limit/2); err != nil {
+		t.Fatal(err)
+	}
+	if err := files.entry("b", limit/2+1); !errors.Is(err, errUnverifiedLimit) || !strings.Contains(err.Error(), `file "b"`) {
+		t.Errorf("files past the limit: %v", err)
+	}
+
+	// A declared size near the int64 range (a lying manifest) must not overflow.
+	huge := &unpackBudget{layer: l, limit: unverifiedLimit(math.MaxInt64 - 1)}
+	raw, _ = decompress(bytes.NewReader(zs.Bytes()))
+	if n, err := io.Copy(io.Discard, huge.reader(raw)); err != nil || n != 64<<20 {
+		t.Errorf("with a limit near MaxInt64: read %d, %v", n, err)
+	}
+
+	verified := &unpackBudget{layer: l}
+	raw, _ = decompress(bytes.NewReader(zs.Bytes()))
+	if n, err := io.Copy(io.Discard, verified.reader(raw)); err != nil || n != 64<<20 {
+		t.Errorf("without a limit: read %d, %v", n, err)
+	}
+	if err := verified.entry("huge", 1<<40); err != nil {
+		t.Errorf("without a limit or reserve: %v", err)
 	}
 }

@@ -183,3 +183,29 @@ func TestPullFullDisk(t *testing.T) {
 		t.Errorf("%d images after the pulls", n)
 	}
 }
+
+// TestPullReserveCountsSparseFiles: a verified layer holding a sparse file (a 2 KiB tar
+// that unpacks to 256 MiB of zeros, written out in full) is refused before the file is
+// written when it would eat into the reserve: the holes are not in the tar stream, so
+// the check of the stream as it is read cannot see them.
+func TestPullReserveCountsSparseFiles(t *testing.T) {
+	const reserve = 32 << 20
+	f := newSmallFixture(t, "96m", reserve)
+	layer := imagetest.LayerFromTar(t, imagetest.OCI, imagetest.Gzip, sparseTar(t, "sparse", 256<<20))
+	host := imagetest.StartRegistry(t)
+	imagetest.Push(t, host, "sparse:v1", imagetest.NewImage(t, imagetest.ImageOptions{}, layer))
+	images := filepath.Join(f.root, "images")
+	stop := make(chan struct{})
+	low := fulldisk.LowestFree(images, stop)
+	_, err := f.svc.Pull(context.Background(), host+"/sparse:v1", nil)
+	close(stop)
+	lowest := <-low
+	t.Logf("lowest free %d MiB: %v", lowest>>20, err)
+	if !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "must keep 32 MiB") || !strings.Contains(err.Error(), `file "sparse" needs 256 MiB`) {
+		t.Fatalf("err = %v, want ResourceExhausted naming the file and the reserve", err)
+	}
+	if lowest < reserve-diskspace.CheckEvery {
+		t.Errorf("free space went down to %d MiB, below the %d MiB reserve", lowest>>20, reserve>>20)
+	}
+	f.assertNothingLeft()
+}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -38,6 +39,33 @@ const (
 
 // maxConfigSize bounds an image config read into memory; real ones are a few KiB.
 const maxConfigSize = 8 << 20
+
+// What a layer's stream may make a pull decompress and write before the blob's digest
+// is checked: unverifiedRatio times the compressed size the manifest declares, and at
+// least unverifiedFloor. Real layers inflate 2-6 times (binaries, libraries, text),
+// metadata-only layers (a chown -R: tar headers alone) about 40 times; only long runs
+// of one byte go further, up to gzip's 1032 times (a zero-filled file), and zstd's far
+// beyond. A layer past the cap is not refused: its streamed unpack stops, the download
+// goes on, and the blob is unpacked once the content store has verified it, as
+// containerd unpacks every layer. So a man in the middle of a plain-HTTP mirror, whose
+// blob fails its digest check at the end, makes a pull write at most this much per
+// layer downloading at once, and a real but extreme layer only loses the overlap.
+const (
+	unverifiedRatio = 100
+	unverifiedFloor = 16 << 20
+)
+
+// errUnverifiedLimit marks a streamed unpack stopped at unverifiedLimit.
+var errUnverifiedLimit = errors.New("stopped before the blob is verified")
+
+// unverifiedLimit is what the stream of a layer whose blob is declared size bytes may
+// write before the blob is verified.
+func unverifiedLimit(size int64) int64 {
+	if size > math.MaxInt64/unverifiedRatio {
+		return math.MaxInt64
+	}
+	return max(unverifiedRatio*size, unverifiedFloor)
+}
 
 // Config configures the image store.
 type Config struct {
@@ -380,18 +408,30 @@ func (lp *layerPull) layer(ctx context.Context, i int, l remote.Layer, fetch rem
 	}
 	defer claim.Release()
 	var pending *snapshot.Pending
+	var stopped error // the streamed unpack outgrew unverifiedLimit
 	streamed, err := fetch(ctx, func(r io.Reader) error {
 		var uerr error
-		pending, uerr = lp.s.unpackLayer(ctx, lp.name, l, r)
+		pending, uerr = lp.s.unpackLayer(ctx, lp.name, l, r, unverifiedLimit(l.Size))
+		if errors.Is(uerr, errUnverifiedLimit) {
+			// Not a fault yet: the download goes on, and a blob that verifies is
+			// unpacked from the store below.
+			lp.s.log.Info("layer inflates past what its stream may write unverified: it is unpacked once its blob is verified",
+				"ref", lp.name, "layer", l.Digest, "size", l.Size, "limit", unverifiedLimit(l.Size), "why", uerr)
+			stopped = uerr
+			return nil
+		}
 		return uerr
 	})
 	if err != nil {
 		if pending != nil {
 			_ = pending.Discard()
 		}
+		if stopped != nil {
+			return fmt.Errorf("%w; its unpack had been stopped: %v", err, stopped)
+		}
 		return err
 	}
-	if !streamed {
+	if !streamed || stopped != nil {
 		if pending, err = lp.s.unpackStored(ctx, lp.name, l); err != nil {
 			return err
 		}
@@ -425,7 +465,8 @@ func (s *Service) unpackStored(ctx context.Context, name string, l remote.Layer)
 		return nil, fmt.Errorf("pull %s: open layer %s: %w", name, l.Digest, err)
 	}
 	defer blob.Close()
-	return s.unpackLayer(ctx, name, l, blob)
+	// Verified when it was stored: no limit but the reserve.
+	return s.unpackLayer(ctx, name, l, blob, 0)
 }
 
 // unpackLayer unpacks the blob of layer l, read from r to its end, into a pending
@@ -433,20 +474,28 @@ func (s *Service) unpackStored(ctx context.Context, name string, l remote.Layer)
 // promises. Faults of the layer (an entry refused, corrupt compressed data, a truncated
 // tar, the wrong diff ID) are errors wrapping errdefs.ErrInvalidArgument that name the
 // image and the layer's digest; errors of r (the download's: a lost connection, a
-// digest mismatch) are returned as they are.
-func (s *Service) unpackLayer(ctx context.Context, name string, l remote.Layer, r io.Reader) (_ *snapshot.Pending, retErr error) {
+// digest mismatch) are returned as they are. A limit above 0 bounds the bytes the
+// unpack decompresses and the bytes its files declare (see unverifiedLimit): past it
+// the unpack fails with an error wrapping errUnverifiedLimit, saying by how much,
+// without the pull's and the layer's names (the caller adds them to another error).
+func (s *Service) unpackLayer(ctx context.Context, name string, l remote.Layer, r io.Reader, limit int64) (_ *snapshot.Pending, retErr error) {
 	raw, err := decompress(r)
 	if err != nil {
 		return nil, fmt.Errorf("pull %s: layer %s: %w", name, l.Digest, err)
 	}
 	defer raw.Close()
+	b := &unpackBudget{layer: l, limit: limit, reserve: s.reserve}
 	verifier := l.DiffID.Algorithm().Digester()
 	// The uncompressed size is known only once it is written: the reserve is checked
-	// as the tar stream is read, which is as it is written out.
-	guarded := s.reserve.Reader(raw, "")
+	// as the tar stream is read, which is as it is written out, and before each large
+	// file, whose holes (a sparse file) are not in the stream.
+	guarded := s.reserve.Reader(b.reader(raw), "")
 	tee := io.TeeReader(guarded, verifier.Hash())
 	// Unpack's error names the layer ("unpack layer sha256:…: refused entry …").
-	pending, err := s.snaps.Unpack(ctx, l.Digest.String(), tee)
+	pending, err := s.snaps.Unpack(ctx, l.Digest.String(), tee, snapshot.WithEntryCheck(b.entry))
+	if b.err != nil && errors.Is(err, errUnverifiedLimit) {
+		return nil, b.err
+	}
 	if err != nil {
 		return nil, fmt.Errorf("pull %s: %w", name, err)
 	}
@@ -460,6 +509,9 @@ func (s *Service) unpackLayer(ctx context.Context, name string, l remote.Layer, 
 	// The tar end marker may come before the end of the stream: hash the rest too. For
 	// a download this also waits for the blob's own digest to be checked.
 	if _, err := io.Copy(io.Discard, tee); err != nil {
+		if b.err != nil && errors.Is(err, errUnverifiedLimit) {
+			return nil, b.err
+		}
 		return nil, fmt.Errorf("pull %s: layer %s: %w", name, l.Digest, err)
 	}
 	// The blob matched the manifest's digest, so a different diff ID is the image's own

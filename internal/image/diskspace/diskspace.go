@@ -82,8 +82,10 @@ func (r Reserve) Check(need int64, what string) error {
 // Reader returns src with the reserve checked before the first byte and after every
 // CheckEvery bytes read: whoever writes what it reads (a tar unpacker, a download)
 // fails with Check's error once the filesystem is down to the reserve, however much the
-// data expands (a gzip of zeros, a sparse file written out in full). A disabled reserve
-// returns src. what, when not empty, names the data in the error.
+// data expanded before it (a gzip of zeros). What a writer adds to the data it reads is
+// not counted: a tar unpacker writes the holes of a sparse file out in full, so it must
+// Check such a file's size itself. A disabled reserve returns src. what, when not
+// empty, names the data in the error.
 func (r Reserve) Reader(src io.Reader, what string) io.Reader {
 	if !r.Enabled() {
 		return src

@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"archive/tar"
 	"context"
 	"errors"
 	"fmt"
@@ -89,9 +90,14 @@ type Pending struct {
 // are recorded and done by Commit. layerName names the layer in errors. It refuses what
 // Apply refuses, with the same errors, except entries reached through a symlink of a
 // lower layer, which Commit refuses; r's own errors are returned as they are, and a
-// full filesystem is an error wrapping errdefs.ErrResourceExhausted. On error nothing
-// remains. Unpack reads r up to the end of the tar archive, not beyond.
-func (s *Snapshotter) Unpack(ctx context.Context, layerName string, r io.Reader) (_ *Pending, retErr error) {
+// full filesystem is an error wrapping errdefs.ErrResourceExhausted, and an option's
+// error is returned as it is. On error nothing remains. Unpack reads r up to the end
+// of the tar archive, not beyond.
+func (s *Snapshotter) Unpack(ctx context.Context, layerName string, r io.Reader, opts ...UnpackOption) (_ *Pending, retErr error) {
+	var o unpackOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	// A full filesystem is ResourceExhausted; the partial layer is removed below.
 	defer func() { retErr = diskspace.Classify(retErr, s.root) }()
 	if layerName == "" {
@@ -117,7 +123,7 @@ func (s *Snapshotter) Unpack(ctx context.Context, layerName string, r io.Reader)
 	src := &stream{r: r}
 	_, err = archive.Apply(ctx, tmp, src,
 		archive.WithConvertWhiteout(archive.OverlayConvertWhiteout),
-		archive.WithFilter(g.filter),
+		archive.WithFilter(o.filter(g)),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("unpack layer %s: %w", layerName, classifyApply(err, src))
@@ -127,6 +133,43 @@ func (s *Snapshotter) Unpack(ctx context.Context, layerName string, r io.Reader)
 		return nil, fmt.Errorf("unpack layer %s: %w", layerName, err)
 	}
 	return &Pending{s: s, layerName: layerName, g: g, size: size, inodes: inodes, dir: tmp}, nil
+}
+
+// UnpackOption changes what Unpack does.
+type UnpackOption func(*unpackOptions)
+
+type unpackOptions struct {
+	check func(name string, size int64) error
+}
+
+// WithEntryCheck has Unpack call check with every entry it is about to write: its name
+// in the tar and the bytes of data it writes (a regular file's size, the holes of a
+// sparse file included, which the tar stream does not hold; 0 for other entries).
+// check's error fails the unpack as it is. It lets the caller bound what a layer
+// writes by more than the bytes of its tar stream.
+func WithEntryCheck(check func(name string, size int64) error) UnpackOption {
+	return func(o *unpackOptions) { o.check = check }
+}
+
+// filter returns g's filter followed by the entry check.
+func (o *unpackOptions) filter(g *guard) func(*tar.Header) (bool, error) {
+	if o.check == nil {
+		return g.filter
+	}
+	return func(hdr *tar.Header) (bool, error) {
+		ok, err := g.filter(hdr)
+		if !ok || err != nil {
+			return ok, err
+		}
+		var size int64
+		if hdr.Typeflag == tar.TypeReg {
+			size = hdr.Size
+		}
+		if err := o.check(hdr.Name, size); err != nil {
+			return false, err
+		}
+		return true, nil
+	}
 }
 
 // Discard deletes a pending unpack; a no-op after Commit or a second Discard.

@@ -660,3 +660,38 @@ func TestPendingCleanup(t *testing.T) {
 		t.Errorf("Discard after Commit removed the layer: %v", err)
 	}
 }
+
+// TestUnpackEntryCheck: WithEntryCheck sees every entry Unpack writes with the bytes of
+// its data (0 for a directory), before writing it, and its error fails the unpack as
+// it is and leaves nothing.
+func TestUnpackEntryCheck(t *testing.T) {
+	f := newFixture(t, "")
+	data := layerTar(t, dirE("d", 0o755), fileE("d/a", "hello", 0o644), fileE("d/b", "bye", 0o644))
+	var seen []string
+	p, err := f.s.Unpack(context.Background(), "l", bytes.NewReader(data), WithEntryCheck(func(name string, size int64) error {
+		seen = append(seen, fmt.Sprintf("%s:%d", name, size))
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Discard(); err != nil {
+		t.Fatal(err)
+	}
+	if want := "d:0 d/a:5 d/b:3"; strings.Join(seen, " ") != want {
+		t.Errorf("entries checked %q, want %q", strings.Join(seen, " "), want)
+	}
+	stop := errors.New("too much")
+	_, err = f.s.Unpack(context.Background(), "l", bytes.NewReader(data), WithEntryCheck(func(name string, _ int64) error {
+		if name == "d/b" {
+			return stop
+		}
+		return nil
+	}))
+	if !errors.Is(err, stop) || !strings.Contains(err.Error(), "unpack layer l") {
+		t.Errorf("Unpack with a failing check: %v, want its error naming the layer", err)
+	}
+	if got := names(t, f.root); len(got) != 0 {
+		t.Errorf("root holds %v after a refused Unpack", got)
+	}
+}
