@@ -90,6 +90,37 @@ type NRIConfig struct {
 	PluginRequestTimeout Duration `toml:"plugin_request_timeout" comment:"how long a plugin may take to answer an event before it is disconnected, e.g. \"2s\""`
 	// DisableConnections refuses external plugins: only pre-registered ones run.
 	DisableConnections bool `toml:"disable_connections" comment:"do not listen on socket_path: only pre-registered plugins run"`
+	// DefaultValidator is the NRI library's built-in validator of plugins'
+	// adjustments, containerd's [nri.default_validator] (off by default, as there).
+	DefaultValidator NRIValidatorConfig `toml:"default_validator"`
+}
+
+// NRIValidatorConfig configures the NRI library's default validator: what it
+// refuses of the adjustments plugins ask for at CreateContainer, failing the create.
+// The keys and defaults are containerd 2.4's [plugins."io.containerd.nri.v1.nri".default_validator].
+type NRIValidatorConfig struct {
+	// Enable turns the validator on; the Reject keys and required plugins act only then.
+	Enable bool `toml:"enable" comment:"validate NRI plugins' container adjustments (the keys below act only when true)"`
+	// RejectOCIHookAdjustment refuses a plugin's OCI hooks.
+	RejectOCIHookAdjustment bool `toml:"reject_oci_hook_adjustment" comment:"refuse adjustments that add OCI hooks"`
+	// RejectRuntimeDefaultSeccompAdjustment refuses a seccomp change of a container
+	// whose profile is RuntimeDefault.
+	RejectRuntimeDefaultSeccompAdjustment bool `toml:"reject_runtime_default_seccomp_adjustment" comment:"refuse seccomp changes of RuntimeDefault containers"`
+	// RejectUnconfinedSeccompAdjustment refuses a seccomp change of a container that
+	// is Unconfined or names no profile.
+	RejectUnconfinedSeccompAdjustment bool `toml:"reject_unconfined_seccomp_adjustment" comment:"refuse seccomp changes of Unconfined containers (and of those that name no profile)"`
+	// RejectCustomSeccompAdjustment refuses a seccomp change of a container whose
+	// profile is Localhost.
+	RejectCustomSeccompAdjustment bool `toml:"reject_custom_seccomp_adjustment" comment:"refuse seccomp changes of Localhost-profile containers"`
+	// RejectNamespaceAdjustment refuses any change of the container's namespaces.
+	RejectNamespaceAdjustment bool `toml:"reject_namespace_adjustment" comment:"refuse adjustments that add, replace or remove namespaces"`
+	// RejectSysctlAdjustment refuses any sysctl a plugin sets.
+	RejectSysctlAdjustment bool `toml:"reject_sysctl_adjustment" comment:"refuse adjustments that set sysctls"`
+	// RequiredPlugins must all be connected for a container to be created.
+	RequiredPlugins []string `toml:"required_plugins" comment:"plugins (by name) that must be connected for any container to be created"`
+	// TolerateMissingAnnotation names a pod annotation that, "true", lets a
+	// container be created without the required plugins.
+	TolerateMissingAnnotation string `toml:"tolerate_missing_plugins_annotation" comment:"pod annotation key that, set to \"true\", lets a container start without required_plugins"`
 }
 
 // Duration is a time.Duration written as a Go duration string ("2s", "500ms"), as
@@ -116,6 +147,11 @@ func (n NRIConfig) validate() error {
 	for key, p := range map[string]string{"nri.socket_path": n.SocketPath, "nri.plugin_path": n.PluginPath, "nri.plugin_config_path": n.PluginConfigPath} {
 		if p != "" && !filepath.IsAbs(p) {
 			return fmt.Errorf("%s: %q must be an absolute path", key, p)
+		}
+	}
+	for _, name := range n.DefaultValidator.RequiredPlugins {
+		if strings.TrimSpace(name) == "" {
+			return errors.New("nri.default_validator.required_plugins: an empty plugin name: list plugins by the name they register with")
 		}
 	}
 	if n.SocketPath == "" && !n.DisableConnections {

@@ -120,7 +120,7 @@ func TestLoad(t *testing.T) {
 		{name: "nri defaults: containerd's paths and timeouts, off", file: "", check: func(t *testing.T, c Config) {
 			want := NRIConfig{Disable: true, SocketPath: "/var/run/nri/nri.sock", PluginPath: "/opt/nri/plugins", PluginConfigPath: "/etc/nri/conf.d",
 				PluginRegistrationTimeout: Duration(5 * time.Second), PluginRequestTimeout: Duration(2 * time.Second)}
-			if c.NRI != want {
+			if !reflect.DeepEqual(c.NRI, want) {
 				t.Errorf("nri = %+v, want %+v", c.NRI, want)
 			}
 		}},

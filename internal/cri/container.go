@@ -61,8 +61,18 @@ type containerRecord struct {
 
 // container is the CRI's live view of one container.
 type container struct {
-	// op serialises lifecycle calls on one container.
+	// op serialises lifecycle calls on one container. It is held across a stop's
+	// grace period: nothing that sends NRI events that plugins may answer with
+	// updates or evictions of other containers runs under it (see nriRuntime).
 	op sync.Mutex
+	// res serialises changes to the container's resources (UpdateContainerResources
+	// and NRI plugins' updates) with the removal of its record. It is held only for
+	// the shim's update and the record's write, never while waiting for an exit, so
+	// a plugin's update of a container being stopped does not wait for its grace
+	// period. Lock order: op before res.
+	res sync.Mutex
+	// removed is set, under res, once the record is deleted: later updates fail.
+	removed bool
 
 	mu      sync.Mutex
 	rec     containerRecord
@@ -413,31 +423,44 @@ func (s *Service) StartContainer(ctx context.Context, req *runtime.StartContaine
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	nriPod, nriStarted, err := s.startContainer(ctx, c)
+	if err != nil {
+		if nriStarted {
+			// Outside c.op, as every NRI event plugins may answer with updates.
+			s.nri.StopContainer(ctx, nriPod, nriContainer(c, nil))
+		}
+		return nil, toStatus(err)
+	}
+	if s.nri.Enabled() {
+		s.nri.PostStartContainer(ctx, nriPod, nriContainer(c, nil))
+	}
+	s.metrics.ObserveContainerStart(time.Since(start))
+	return &runtime.StartContainerResponse{}, nil
+}
+
+// startContainer is StartContainer under the container's lock. nriStarted reports
+// whether plugins were told of the start, so must be told of its failure.
+func (s *Service) startContainer(ctx context.Context, c *container) (nriPod nri.Pod, nriStarted bool, _ error) {
 	c.op.Lock()
 	defer c.op.Unlock()
 	rec := c.snapshot()
 	if rec.State != stateCreated {
-		return nil, toStatus(fmt.Errorf("container %s is %s, not created: it can be started only once: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition))
+		return nriPod, false, fmt.Errorf("container %s is %s, not created: it can be started only once: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
 	}
 	if rec.LogPath != "" {
 		if err := os.MkdirAll(filepath.Dir(rec.LogPath), 0o755); err != nil {
-			return nil, toStatus(fmt.Errorf("create log dir of container %s: %w", rec.ID, err))
+			return nriPod, false, fmt.Errorf("create log dir of container %s: %w", rec.ID, err)
 		}
 	}
-	var nriPod nri.Pod
 	if s.nri.Enabled() {
 		// As in containerd: a plugin's error fails the start.
 		nriPod = s.nriPodOf(rec.PodID)
 		if err := s.nri.StartContainer(ctx, nriPod, nriContainer(c, nil)); err != nil {
-			s.nri.StopContainer(ctx, nriPod, nriContainer(c, nil))
-			return nil, toStatus(err)
+			return nriPod, true, err
 		}
 	}
 	pid, err := s.ctrl.StartContainer(ctx, rec.PodID, rec.ID)
 	if err != nil {
-		if s.nri.Enabled() {
-			s.nri.StopContainer(ctx, nriPod, nriContainer(c, nil))
-		}
 		c.mu.Lock()
 		c.rec.State, c.rec.FinishedAt, c.rec.ExitCode, c.rec.Reason, c.rec.Message = stateExited, time.Now().UnixNano(), 128, "StartError", err.Error()
 		r := c.rec
@@ -446,23 +469,19 @@ func (s *Service) StartContainer(ctx context.Context, req *runtime.StartContaine
 		c.markExited()
 		// It will never run: kubelet must see it exited like any other stop.
 		s.emitContainerEvent(r.ID, r.PodID, runtime.ContainerEventType_CONTAINER_STOPPED_EVENT)
-		return nil, toStatus(err)
+		return nriPod, s.nri.Enabled(), err
 	}
 	c.mu.Lock()
 	c.rec.State, c.rec.StartedAt, c.rec.Pid = stateRunning, time.Now().UnixNano(), pid
 	r := c.rec
 	c.mu.Unlock()
 	if err := s.store.Put(containerBucket, r.ID, r); err != nil {
-		return nil, toStatus(err)
+		return nriPod, false, err
 	}
 	// Before the monitor starts, so that STARTED always precedes STOPPED.
 	s.emitContainerEvent(r.ID, r.PodID, runtime.ContainerEventType_CONTAINER_STARTED_EVENT)
 	s.monitor(c)
-	if s.nri.Enabled() {
-		s.nri.PostStartContainer(ctx, nriPod, nriContainer(c, nil))
-	}
-	s.metrics.ObserveContainerStart(time.Since(start))
-	return &runtime.StartContainerResponse{}, nil
+	return nriPod, false, nil
 }
 
 // monitor waits in the background for the container's exit and records it. Only the
@@ -526,11 +545,12 @@ func (s *Service) awaitExit(ctx context.Context, c *container, rec containerReco
 	s.emitContainerEvent(r.ID, r.PodID, runtime.ContainerEventType_CONTAINER_STOPPED_EVENT)
 	if s.nri.Enabled() {
 		// As containerd's exit handler: plugins see the stop of a container that ended
-		// on its own, or was killed (once: the other reports are then no-ops). Before
-		// exited is closed, so that they see it before StopPodSandbox and RemoveContainer.
-		nctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		s.nri.StopContainer(nctx, s.nriPodOf(r.PodID), nriContainer(c, nil))
-		cancel()
+		// on its own, or was killed (once: the other reports are then no-ops). In the
+		// background: plugins may answer with updates of sibling containers, and the
+		// exit must not wait for those (StopContainer of a sibling holds its lock
+		// while it waits for this exit). The stop is claimed now, so StopPodSandbox
+		// and RemoveContainer still send their events after it.
+		s.nri.NotifyContainerExit(s.nriPodOf(r.PodID), nriContainer(c, nil))
 	}
 	c.markExited()
 	s.metrics.ContainerExited(r.Reason)
@@ -575,10 +595,12 @@ func (s *Service) StopContainer(ctx context.Context, req *runtime.StopContainerR
 		return nil, toStatus(err)
 	}
 	c.op.Lock()
-	defer c.op.Unlock()
-	if err := s.stopContainer(ctx, c, criTimeout(req.GetTimeout())); err != nil {
+	err = s.stopContainer(ctx, c, criTimeout(req.GetTimeout()))
+	c.op.Unlock()
+	if err != nil {
 		return nil, toStatus(err)
 	}
+	// Outside c.op: plugins may answer with updates of sibling containers.
 	if s.nri.Enabled() {
 		s.nri.StopContainer(ctx, s.nriPodOf(c.rec.PodID), nriContainer(c, nil))
 	}
@@ -646,9 +668,22 @@ func (s *Service) RemoveContainer(ctx context.Context, req *runtime.RemoveContai
 	return &runtime.RemoveContainerResponse{}, nil
 }
 
+// removeContainer removes c, then tells NRI plugins, outside c.op.
 func (s *Service) removeContainer(ctx context.Context, c *container) error {
 	c.op.Lock()
-	defer c.op.Unlock()
+	err := s.removeLocked(ctx, c)
+	c.op.Unlock()
+	if err != nil {
+		return err
+	}
+	if s.nri.Enabled() {
+		s.nri.RemoveContainer(ctx, s.nriPodOf(c.rec.PodID), nriContainer(c, nil))
+	}
+	return nil
+}
+
+// removeLocked stops and deletes c and its record; c.op must be held.
+func (s *Service) removeLocked(ctx context.Context, c *container) error {
 	if err := s.stopContainer(ctx, c, 0); err != nil {
 		return fmt.Errorf("kill container before removal: %w", err)
 	}
@@ -668,7 +703,12 @@ func (s *Service) removeContainer(ctx context.Context, c *container) error {
 	if err := s.unmountImageVolumes(rec.ID); err != nil {
 		return err
 	}
-	if err := s.store.Delete(containerBucket, rec.ID); err != nil {
+	// Under res: an update in flight writes the record before it goes, or not at all.
+	c.res.Lock()
+	err := s.store.Delete(containerBucket, rec.ID)
+	c.removed = err == nil
+	c.res.Unlock()
+	if err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -676,9 +716,6 @@ func (s *Service) removeContainer(ctx context.Context, c *container) error {
 	s.mu.Unlock()
 	s.ctrNames.release(c.nameKey, rec.ID)
 	s.emitContainerEvent(rec.ID, rec.PodID, runtime.ContainerEventType_CONTAINER_DELETED_EVENT)
-	if s.nri.Enabled() {
-		s.nri.RemoveContainer(ctx, s.nriPodOf(rec.PodID), nriContainer(c, nil))
-	}
 	return nil
 }
 
@@ -853,8 +890,11 @@ func (s *Service) UpdateContainerResources(ctx context.Context, req *runtime.Upd
 		}
 	}
 	c.op.Lock()
-	defer c.op.Unlock()
-	if err := s.updateResources(ctx, c, linux); err != nil {
+	c.res.Lock()
+	err = s.updateResources(ctx, c, linux)
+	c.res.Unlock()
+	c.op.Unlock()
+	if err != nil {
 		return nil, toStatus(err)
 	}
 	if s.nri.Enabled() {
@@ -864,9 +904,12 @@ func (s *Service) UpdateContainerResources(ctx context.Context, req *runtime.Upd
 }
 
 // updateResources applies an update of the container's resources (UpdateContainerResources,
-// and NRI plugins' updates); c.op must be held.
+// and NRI plugins' updates); c.res must be held.
 func (s *Service) updateResources(ctx context.Context, c *container, linux *runtime.LinuxContainerResources) error {
 	rec := c.snapshot()
+	if c.removed {
+		return fmt.Errorf("container %s was removed: %w", rec.ID, errdefs.ErrNotFound)
+	}
 	if rec.State != stateRunning && rec.State != stateCreated {
 		return fmt.Errorf("container %s is %s: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
 	}

@@ -71,7 +71,7 @@ func nriContainer(c *container, sp *specs.Spec) nri.Container {
 		Labels: c.config.GetLabels(), Annotations: c.config.GetAnnotations(), Spec: sp,
 		Resources: currentResources(rec, c.config), Pid: rec.Pid,
 		CreatedAt: rec.CreatedAt, StartedAt: rec.StartedAt, FinishedAt: rec.FinishedAt, ExitCode: rec.ExitCode,
-		Reason: rec.Reason, Message: rec.Message,
+		Reason: rec.Reason, Message: rec.Message, Seccomp: c.config.GetLinux().GetSecurityContext().GetSeccomp(),
 	}
 }
 
@@ -87,7 +87,11 @@ func (s *Service) nriPodOf(podID string) nri.Pod {
 	return s.nriPod(p)
 }
 
-// nriRuntime is the Service as NRI sees it.
+// nriRuntime is the Service as NRI sees it: where plugins' updates and evictions
+// land. Updates take the container's res lock and evictions its op lock, so no NRI
+// event that plugins may answer with them is sent while a container's op is held
+// (StopContainer, RemoveContainer and a failed StartContainer send theirs after
+// releasing it; exits send theirs in the background).
 type nriRuntime struct{ s *Service }
 
 func (r nriRuntime) Pods() []nri.Pod {
@@ -131,8 +135,10 @@ func (r nriRuntime) UpdateContainer(ctx context.Context, id string, res *api.Lin
 	if res == nil {
 		return nil
 	}
-	c.op.Lock()
-	defer c.op.Unlock()
+	// res, not op: a stop holds op for its whole grace period, and the update
+	// plugins answer a sibling's stop with must not wait for it.
+	c.res.Lock()
+	defer c.res.Unlock()
 	return r.s.updateResources(ctx, c, nri.ToCRIResources(res, 0))
 }
 
@@ -147,8 +153,9 @@ func (r nriRuntime) EvictContainer(ctx context.Context, id, reason string) error
 	}
 	r.s.log.Info("NRI plugin evicts container", "container", id, "reason", reason)
 	c.op.Lock()
-	defer c.op.Unlock()
-	if err := r.s.stopContainer(ctx, c, 0); err != nil {
+	err = r.s.stopContainer(ctx, c, 0)
+	c.op.Unlock()
+	if err != nil {
 		return fmt.Errorf("evict container %s: %w", id, err)
 	}
 	r.s.nri.StopContainer(ctx, r.s.nriPodOf(c.rec.PodID), nriContainer(c, nil))
@@ -160,7 +167,7 @@ func newNRIContainer(p *pod, id string, cfg *runtime.ContainerConfig, sp *specs.
 	return nri.Container{
 		ID: id, PodID: p.rec.ID, Name: cfg.GetMetadata().GetName(), State: runtime.ContainerState_CONTAINER_CREATED,
 		Labels: cfg.GetLabels(), Annotations: cfg.GetAnnotations(), Spec: sp,
-		Resources: cfg.GetLinux().GetResources(),
+		Resources: cfg.GetLinux().GetResources(), Seccomp: cfg.GetLinux().GetSecurityContext().GetSeccomp(),
 	}
 }
 

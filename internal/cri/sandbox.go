@@ -55,6 +55,11 @@ func (s *Service) StopPodSandbox(ctx context.Context, req *runtime.StopPodSandbo
 		if err != nil {
 			return nil, toStatus(fmt.Errorf("stop container %s of pod %s: %w", c.rec.ID, p.rec.ID, err))
 		}
+		// As containerd: plugins see each container's stop before the pod's (a no-op
+		// or a wait when its exit is being delivered already).
+		if s.nri.Enabled() {
+			s.nri.StopContainer(ctx, s.nriPodOf(p.rec.ID), nriContainer(c, nil))
+		}
 	}
 	if err := s.ctrl.Stop(ctx, p.rec.ID, 0); err != nil {
 		return nil, toStatus(fmt.Errorf("stop pod sandbox %s: %w", p.rec.ID, err))

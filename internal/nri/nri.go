@@ -5,12 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/containerd/nri/pkg/adaptation"
 	"github.com/containerd/nri/pkg/api"
 	nrilog "github.com/containerd/nri/pkg/log"
+	validator "github.com/containerd/nri/plugins/default-validator"
 	rspec "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/crisp-runtime/crisp/internal/config"
@@ -45,6 +49,19 @@ type NRI struct {
 	// container gets one StopContainer and one RemoveContainer (stops come from
 	// StopContainer, an exit, StopPodSandbox and RemoveContainer), as containerd does.
 	state map[string]state
+	// stopping holds, for each container whose StopContainer is being delivered, a
+	// channel closed once plugins have answered it: a later event of the container
+	// (RemoveContainer, or StopPodSandbox of its pod) waits for it, so plugins see
+	// the stop first even when an exit sends it in the background.
+	stopping map[string]chan struct{}
+	// stopped is set by Stop: no background delivery starts after it.
+	stopped bool
+
+	// exits are the background deliveries of exits (NotifyContainerExit), under bg:
+	// Stop cancels bg and waits for them.
+	exits    sync.WaitGroup
+	bg       context.Context
+	cancelBG context.CancelFunc
 }
 
 type state int
@@ -62,7 +79,8 @@ func New(cfg config.NRIConfig, log *slog.Logger, cdi func(*rspec.Spec, []string)
 	if cfg.Disable {
 		return nil, nil
 	}
-	n := &NRI{log: log, cdi: cdi, state: map[string]state{}}
+	n := &NRI{log: log, cdi: cdi, state: map[string]state{}, stopping: map[string]chan struct{}{}}
+	n.bg, n.cancelBG = context.WithCancel(context.Background())
 	// The library keeps its timeouts and logger in package variables: one NRI per
 	// process, as in containerd. Its logger is set once, unsynchronized as its setter
 	// is, before any of its goroutines can read it.
@@ -77,6 +95,22 @@ func New(cfg config.NRIConfig, log *slog.Logger, cdi func(*rspec.Spec, []string)
 		opts = append(opts, adaptation.WithDisabledExternalConnections())
 	} else {
 		opts = append(opts, adaptation.WithSocketPath(cfg.SocketPath))
+	}
+	if v := cfg.DefaultValidator; v.Enable {
+		// The library's own validator, as containerd 2.4 configures it: a built-in
+		// plugin that sees the merged adjustment of every CreateContainer and fails
+		// the create when it refuses it.
+		opts = append(opts, adaptation.WithDefaultValidator(&validator.DefaultValidatorConfig{
+			Enable:                                true,
+			RejectOCIHookAdjustment:               v.RejectOCIHookAdjustment,
+			RejectRuntimeDefaultSeccompAdjustment: v.RejectRuntimeDefaultSeccompAdjustment,
+			RejectUnconfinedSeccompAdjustment:     v.RejectUnconfinedSeccompAdjustment,
+			RejectCustomSeccompAdjustment:         v.RejectCustomSeccompAdjustment,
+			RejectNamespaceAdjustment:             v.RejectNamespaceAdjustment,
+			RejectSysctlAdjustment:                v.RejectSysctlAdjustment,
+			RequiredPlugins:                       slices.Clone(v.RequiredPlugins),
+			TolerateMissingAnnotation:             v.TolerateMissingAnnotation,
+		}))
 	}
 	a, err := adaptation.New("crisp", version.Version, n.synchronize, n.updateFromPlugin, opts...)
 	if err != nil {
@@ -104,12 +138,18 @@ func (n *NRI) Start(rt Runtime) error {
 	return nil
 }
 
-// Stop disconnects the plugins (pre-registered ones are stopped) and removes the socket.
+// Stop disconnects the plugins (pre-registered ones are stopped), removes the socket
+// and waits for the exits still being delivered, which it cancels.
 func (n *NRI) Stop() {
 	if n == nil {
 		return
 	}
+	n.mu.Lock()
+	n.stopped = true
+	n.mu.Unlock()
+	n.cancelBG()
 	n.a.Stop()
+	n.exits.Wait()
 }
 
 // Enabled reports whether NRI is on.
@@ -187,6 +227,9 @@ func (n *NRI) CreateContainer(ctx context.Context, p Pod, c Container) (*api.Con
 	rsp, err := n.a.CreateContainer(ctx, &api.CreateContainerRequest{Pod: p.toNRI(), Container: c.toNRI()})
 	n.setState(c.ID, stateCreated)
 	if err != nil {
+		if refusedByValidator(err) {
+			return nil, fmt.Errorf("NRI CreateContainer: %w (a node policy: [nri.default_validator] or a validating plugin): %w", err, errdefs.ErrFailedPrecondition)
+		}
 		return nil, fmt.Errorf("NRI CreateContainer: %w", err)
 	}
 	n.evict(ctx, "create", rsp.GetEvict())
@@ -195,6 +238,13 @@ func (n *NRI) CreateContainer(ctx context.Context, p Pod, c Container) (*api.Con
 		return nil, fmt.Errorf("apply NRI adjustment to container %s: %w", c.ID, err)
 	}
 	return rsp.GetAdjust(), nil
+}
+
+// refusedByValidator reports whether a CreateContainer error is a validator's refusal
+// of the plugins' adjustment: a node policy, so FailedPrecondition rather than an
+// unknown failure. The library keeps only the text of it (pkg/api/validate.go).
+func refusedByValidator(err error) bool {
+	return strings.Contains(err.Error(), "rejected container adjustment")
 }
 
 // AdjustSpec applies an NRI adjustment to an OCI spec with the library's generator,
@@ -280,17 +330,103 @@ func (n *NRI) PostUpdateContainer(ctx context.Context, p Pod, c Container) {
 }
 
 // StopContainer tells plugins a container stopped (once per container, however many
-// paths report it); errors are logged, updates plugins ask for are applied.
+// paths report it); errors are logged, updates plugins ask for are applied. When
+// another path is delivering the stop, it waits (within ctx) until plugins have it,
+// so that whatever the caller sends next comes after it. The caller must hold no
+// container's lock: the updates and evictions plugins answer with take them.
 func (n *NRI) StopContainer(ctx context.Context, p Pod, c Container) {
-	if n == nil || !n.claim(c.ID, stateStopped, stateCreated, stateRunning) {
+	if n == nil {
 		return
 	}
+	delivered, claimed := n.claimStop(c.ID)
+	if !claimed {
+		n.awaitStop(ctx, c.ID)
+		return
+	}
+	n.deliverStop(ctx, p, c, delivered)
+}
+
+// NotifyContainerExit tells plugins, in the background, that a container ended on its
+// own or was killed, as containerd's NotifyContainerExit does: the exit is recorded
+// and published without waiting for plugins, or for the updates they answer with,
+// which may wait for other containers' locks. The stop is claimed before it returns,
+// so a later StopContainer or RemoveContainer of the container waits for it.
+func (n *NRI) NotifyContainerExit(p Pod, c Container) {
+	if n == nil {
+		return
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.stopped {
+		return
+	}
+	delivered, claimed := n.claimStopLocked(c.ID)
+	if !claimed {
+		return
+	}
+	n.exits.Add(1)
+	go func() {
+		defer n.exits.Done()
+		ctx, cancel := context.WithTimeout(n.bg, exitNotifyTimeout)
+		defer cancel()
+		n.deliverStop(ctx, p, c, delivered)
+	}()
+}
+
+// exitNotifyTimeout bounds the background delivery of an exit and of the updates
+// plugins answer it with.
+const exitNotifyTimeout = 30 * time.Second
+
+// deliverStop sends StopContainer, marks it delivered, then applies the updates
+// plugins answered with: later events of the container need not wait for those.
+func (n *NRI) deliverStop(ctx context.Context, p Pod, c Container, delivered func()) {
 	rsp, err := n.a.StopContainer(ctx, &api.StopContainerRequest{Pod: p.toNRI(), Container: c.toNRI()})
+	delivered()
 	if err != nil {
 		n.notify(ctx, "StopContainer", err)
 		return
 	}
 	n.update(ctx, "stop", rsp.GetUpdate())
+}
+
+// claimStop claims the delivery of id's stop if no path has yet; delivered must then
+// be called once plugins have answered.
+func (n *NRI) claimStop(id string) (delivered func(), claimed bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.claimStopLocked(id)
+}
+
+func (n *NRI) claimStopLocked(id string) (func(), bool) {
+	switch n.state[id] {
+	case stateCreated, stateRunning:
+	default:
+		return nil, false
+	}
+	n.state[id] = stateStopped
+	ch := make(chan struct{})
+	n.stopping[id] = ch
+	return func() {
+		n.mu.Lock()
+		delete(n.stopping, id)
+		n.mu.Unlock()
+		close(ch)
+	}, true
+}
+
+// awaitStop waits until the stop of id another path is delivering has been
+// answered, or ctx ends.
+func (n *NRI) awaitStop(ctx context.Context, id string) {
+	n.mu.Lock()
+	ch := n.stopping[id]
+	n.mu.Unlock()
+	if ch == nil {
+		return
+	}
+	select {
+	case <-ch:
+	case <-ctx.Done():
+	}
 }
 
 // RemoveContainer tells plugins a container is gone, stopping it for them first if

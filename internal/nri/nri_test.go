@@ -506,3 +506,80 @@ func TestEvictionsReachTheRuntime(t *testing.T) {
 		t.Fatalf("evicted %v, want %v", rt.evicted, want)
 	}
 }
+
+// slowStop answers StopContainer only once release is closed, with an update of
+// "sibling", and records the events it sees.
+type slowStop struct {
+	*syncer
+	nritest.Recorder
+	release chan struct{}
+}
+
+func (s *slowStop) StopContainer(_ context.Context, _ *api.PodSandbox, c *api.Container) ([]*api.ContainerUpdate, error) {
+	<-s.release
+	s.Record("StopContainer " + c.GetId())
+	u := &api.ContainerUpdate{}
+	u.SetContainerId("sibling")
+	u.SetLinuxCPUShares(512)
+	return []*api.ContainerUpdate{u}, nil
+}
+
+func (s *slowStop) RemoveContainer(_ context.Context, _ *api.PodSandbox, c *api.Container) error {
+	s.Record("RemoveContainer " + c.GetId())
+	return nil
+}
+
+// An exit is delivered in the background: NotifyContainerExit returns while the
+// plugin still holds the stop, a RemoveContainer meanwhile waits for it (plugins see
+// the stop first), and the update the plugin answers with is applied.
+func TestExitNotifiedInBackground(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.PluginRequestTimeout = config.Duration(10 * time.Second)
+	rt := newTestRuntime()
+	n := startNRI(t, cfg, rt)
+	pl := &slowStop{syncer: newSyncer(), Recorder: nritest.Recorder{ByID: true}, release: make(chan struct{})}
+	startPlugin(t, n, cfg.SocketPath, "slow", "10", pl)
+	ctx := context.Background()
+	p := Pod{ID: "p"}
+	c := Container{ID: "c", PodID: "p", Spec: testSpec()}
+	if _, err := n.CreateContainer(ctx, p, c); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.StartContainer(ctx, p, c); err != nil {
+		t.Fatal(err)
+	}
+	begin := time.Now()
+	n.NotifyContainerExit(p, c)
+	if d := time.Since(begin); d > 200*time.Millisecond {
+		t.Errorf("NotifyContainerExit took %v: it waited for the plugin", d)
+	}
+	removed := make(chan struct{})
+	go func() {
+		defer close(removed)
+		n.RemoveContainer(ctx, p, c)
+	}()
+	select {
+	case <-removed:
+		t.Fatal("RemoveContainer returned before the exit's StopContainer was answered")
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(pl.release)
+	select {
+	case <-removed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("RemoveContainer still waits after the plugin answered the stop")
+	}
+	if got, want := pl.Events(), []string{"StartContainer c", "StopContainer c", "RemoveContainer c"}; !slices.Equal(got, want) {
+		t.Errorf("events = %q, want %q", got, want)
+	}
+	select {
+	case <-rt.changed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the plugin's update of the sibling was not applied")
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if rt.updates["sibling"].GetCpu().GetShares().GetValue() != 512 {
+		t.Errorf("sibling update = %v, want cpu shares 512", rt.updates["sibling"])
+	}
+}

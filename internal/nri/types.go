@@ -40,6 +40,9 @@ type Container struct {
 	FinishedAt          int64
 	ExitCode            int32
 	Reason, Message     string
+	// Seccomp is the seccomp profile the container's config asks for (nil: none),
+	// as containerd reports it: the default validator's seccomp keys judge by it.
+	Seccomp *runtime.SecurityProfile
 }
 
 func (p Pod) toNRI() *api.PodSandbox {
@@ -78,6 +81,9 @@ func (c Container) toNRI() *api.Container {
 		StatusReason:  c.Reason,
 		StatusMessage: c.Message,
 		Linux:         &api.LinuxContainer{Resources: FromCRIResources(c.Resources)},
+	}
+	if sp := c.Seccomp; sp != nil {
+		nc.Linux.SeccompProfile = &api.SecurityProfile{ProfileType: api.SecurityProfile_ProfileType(sp.GetProfileType()), LocalhostRef: sp.GetLocalhostRef()}
 	}
 	s := c.Spec
 	if s == nil {
