@@ -3,6 +3,7 @@ package image
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 
@@ -14,6 +15,14 @@ import (
 	"github.com/crisp-runtime/crisp/internal/image/remote"
 )
 
+// maxZstdWindow is the largest zstd window decoded: the decoder allocates the window
+// a frame's header asks for before it decodes a byte, so a 20 byte blob asking for the
+// library's default limit (512 MiB) costs that much memory per layer at once, before
+// its digest is checked. 128 MiB is what the zstd tool decodes without --memory
+// (windowLog 27: its --long default and its level 22); build tools default to 8 MiB
+// or less.
+const maxZstdWindow = 1 << 27
+
 var (
 	gzipMagic = []byte{0x1f, 0x8b}
 	zstdMagic = []byte{0x28, 0xb5, 0x2f, 0xfd}
@@ -23,8 +32,8 @@ var (
 // the data's magic bytes rather than the media type, because registries and build tools
 // mislabel layers often enough that trusting the label breaks real images.
 //
-// Errors of the decompressor (corrupt or truncated gzip or zstd data) wrap
-// errdefs.ErrInvalidArgument: the blob was verified against its digest when it was
+// Errors of the decompressor (corrupt or truncated gzip or zstd data, a zstd window
+// over maxZstdWindow) wrap errdefs.ErrInvalidArgument: the blob was verified against its digest when it was
 // stored, so the bad data is what the image holds and a retry cannot help. An error
 // reading r itself (the disk) is returned as it is.
 func decompress(r io.Reader) (io.ReadCloser, error) {
@@ -42,7 +51,7 @@ func decompress(r io.Reader) (io.ReadCloser, error) {
 		}
 		return &decoded{rc: zr, src: src, format: "gzip"}, nil
 	case bytes.HasPrefix(head, zstdMagic):
-		zr, err := zstd.NewReader(br, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true))
+		zr, err := zstd.NewReader(br, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true), zstd.WithDecoderMaxWindow(maxZstdWindow))
 		if err != nil {
 			return nil, fmt.Errorf("open zstd layer: %w", err)
 		}
@@ -73,6 +82,9 @@ func (b *blobReader) Read(p []byte) (int, error) {
 func (b *blobReader) corrupt(format string, err error) error {
 	if b.err != nil || err == nil || err == io.EOF {
 		return err
+	}
+	if errors.Is(err, zstd.ErrWindowSizeExceeded) {
+		return fmt.Errorf("zstd frame asks for a window larger than the %d bytes crisp decodes (%w): %w", maxZstdWindow, err, errdefs.ErrInvalidArgument)
 	}
 	return fmt.Errorf("corrupt or truncated %s data (%w): %w", format, err, errdefs.ErrInvalidArgument)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"runtime"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -125,5 +126,51 @@ func TestUnpackBudget(t *testing.T) {
 	}
 	if err := verified.entry("huge", 1<<40); err != nil {
 		t.Errorf("without a limit or reserve: %v", err)
+	}
+}
+
+// zstdFrame returns a zstd frame whose header asks for a window of 1<<windowLog bytes
+// and whose one raw block holds data: what a decoder must allocate up front, whatever
+// the frame holds.
+func zstdFrame(windowLog int, data []byte) []byte {
+	frame := []byte{0x28, 0xb5, 0x2f, 0xfd, 0x00, byte(windowLog-10) << 3}
+	block := 1 | len(data)<<3 // last block, raw
+	frame = append(frame, byte(block), byte(block>>8), byte(block>>16))
+	return append(frame, data...)
+}
+
+// TestDecompressZstdWindow: a frame asking for a 512 MiB window (a 20 byte blob) is
+// refused as a fault of the layer before the decoder allocates it, since the window is
+// allocated whole before a byte is decoded, whether or not the blob is verified yet; a
+// 128 MiB window, the most zstd itself decodes by default, is decoded.
+func TestDecompressZstdWindow(t *testing.T) {
+	for _, tc := range []struct {
+		windowLog int
+		ok        bool
+	}{{29, false}, {27, true}} {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		r, err := decompress(bytes.NewReader(zstdFrame(tc.windowLog, []byte("hello"))))
+		var got []byte
+		if err == nil {
+			got, err = io.ReadAll(r)
+			r.Close()
+		}
+		runtime.ReadMemStats(&after)
+		alloc := after.TotalAlloc - before.TotalAlloc
+		t.Logf("window 1<<%d: %q, %v; %d MiB allocated", tc.windowLog, got, err, alloc>>20)
+		if tc.ok {
+			if err != nil || string(got) != "hello" {
+				t.Errorf("window 1<<%d: %q, %v", tc.windowLog, got, err)
+			}
+			continue
+		}
+		if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "window") {
+			t.Errorf("window 1<<%d: err = %v, want InvalidArgument naming the window", tc.windowLog, err)
+		}
+		if alloc > 64<<20 {
+			t.Errorf("window 1<<%d: %d MiB allocated to refuse it", tc.windowLog, alloc>>20)
+		}
 	}
 }
