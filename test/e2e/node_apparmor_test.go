@@ -43,9 +43,10 @@ profile ` + name + ` flags=(attach_disconnected,mediate_deleted) {
 
 // TestNodeAppArmor: on a host with AppArmor, crisp's default profile is loaded and
 // confines containers that ask for nothing or RuntimeDefault; Localhost profiles are
-// enforced; Unconfined and privileged containers run unconfined; a profile that is
-// not loaded fails the create naming it. Each through the apparmor field, the
-// deprecated apparmor_profile string, and both (the field wins).
+// enforced; Unconfined containers run unconfined; a profile that is not loaded fails
+// the create naming it. Privileged containers get no default profile but are confined
+// by a Localhost profile they name, as under containerd. Each through the apparmor
+// field, the deprecated apparmor_profile string, and both (the field wins).
 func TestNodeAppArmor(t *testing.T) {
 	e := newNodeEnv(t)
 	ctx := ctxT(t)
@@ -80,13 +81,7 @@ func TestNodeAppArmor(t *testing.T) {
 		unc   = cri.SecurityProfile_Unconfined
 		local = cri.SecurityProfile_Localhost
 	)
-	for _, tc := range []struct {
-		name     string
-		field    *cri.SecurityProfile
-		str      string
-		want     string // attr/current
-		canWrite bool
-	}{
+	for _, tc := range []aaCase{
 		{"unset", nil, "", "crisp-default (enforce)", true},
 		{"field-runtime-default", field(def, ""), "", "crisp-default (enforce)", true},
 		{"string-runtime-default", nil, "runtime/default", "crisp-default (enforce)", true},
@@ -100,29 +95,7 @@ func TestNodeAppArmor(t *testing.T) {
 		{"both-field-wins", field(local, aaAllow), "localhost/" + aaDeny, aaAllow + " (enforce)", true},
 		{"both-field-unconfined-wins", field(unc, ""), "localhost/" + aaDeny, "unconfined", true},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			cfg := ctrConfig(tc.name, img, "sleep", "3600")
-			cfg.Linux.SecurityContext.Apparmor = tc.field
-			cfg.Linux.SecurityContext.ApparmorProfile = tc.str
-			id := e.runCtr(ctx, podID, kp.cfg, cfg)
-			if got := aaSettled(t, e.ctrPid(ctx, id), tc.want); got != tc.want {
-				t.Errorf("container runs as %q, want %q", got, tc.want)
-			}
-			// An exec gets the container's profile.
-			if out := strings.TrimSpace(strings.TrimRight(e.mustExec(ctx, t, id, "cat", "/proc/self/attr/current"), "\x00\n")); out != tc.want {
-				t.Errorf("exec runs as %q, want %q", out, tc.want)
-			}
-			resp, err := e.execSync(ctx, id, 30, "sh", "-c", "echo x > /tmp/x")
-			if err != nil {
-				t.Fatalf("exec: %v", err)
-			}
-			if wrote := resp.ExitCode == 0; wrote != tc.canWrite {
-				t.Errorf("write to /tmp: exit %d stderr %q; want it to succeed: %v", resp.ExitCode, resp.Stderr, tc.canWrite)
-			}
-			if _, err := e.rt.RemoveContainer(ctx, &cri.RemoveContainerRequest{ContainerId: id}); err != nil {
-				t.Errorf("RemoveContainer: %v", err)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { e.aaRun(t, podID, kp.cfg, img, false, tc) })
 	}
 
 	for _, tc := range []struct {
@@ -133,19 +106,12 @@ func TestNodeAppArmor(t *testing.T) {
 		{"field-not-loaded", field(local, aaMissing), ""},
 		{"string-not-loaded", nil, "localhost/" + aaMissing},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			cfg := ctrConfig(tc.name, img, "sleep", "3600")
-			cfg.Linux.SecurityContext.Apparmor = tc.field
-			cfg.Linux.SecurityContext.ApparmorProfile = tc.str
-			_, err := e.rt.CreateContainer(ctx, &cri.CreateContainerRequest{PodSandboxId: podID, Config: cfg, SandboxConfig: kp.cfg})
-			if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), aaMissing) {
-				t.Errorf("create with a profile that is not loaded: %v; want FailedPrecondition naming %s", err, aaMissing)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { e.aaNotLoaded(t, podID, kp.cfg, img, false, tc.name, tc.field, tc.str) })
 	}
 
 	// crisp-default removed behind crisp's back (aa-teardown, a reload) is loaded
-	// again by the next container that needs it.
+	// again by the next container that needs it. Each phase has its own deadline.
+	ctx = ctxT(t)
 	if err := os.WriteFile("/sys/kernel/security/apparmor/.remove", []byte("crisp-default"), 0o200); err != nil {
 		t.Fatalf("unload crisp-default: %v", err)
 	}
@@ -158,26 +124,84 @@ func TestNodeAppArmor(t *testing.T) {
 	}
 	e.stopRemove(ctx, t, podID)
 
-	// Privileged containers run unconfined, even when they ask for a profile.
+	// Privileged containers: the runtime's default for them is unconfined (unset,
+	// RuntimeDefault), but a Localhost profile they name confines them like anyone,
+	// and one that is not loaded fails their create (containerd 2.x; crisp ignored it
+	// before).
+	ctx = ctxT(t)
 	pkp := e.kubeletPod("apparmor-priv", nil)
 	pkp.cfg.Linux.SecurityContext.Privileged = true
 	privPod := e.runPod(ctx, pkp.cfg)
-	for _, prof := range []*cri.SecurityProfile{nil, field(def, "")} {
-		cfg := ctrConfig("priv", img, "sleep", "3600")
-		cfg.Linux.SecurityContext.Privileged = true
-		cfg.Linux.SecurityContext.Apparmor = prof
-		id := e.runCtr(ctx, privPod, pkp.cfg, cfg)
-		if got := aaCurrent(t, e.ctrPid(ctx, id)); got != "unconfined" {
-			t.Errorf("privileged container (apparmor %v) runs as %q, want unconfined", prof, got)
-		}
-		if _, err := e.rt.StopContainer(ctx, &cri.StopContainerRequest{ContainerId: id, Timeout: 1}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := e.rt.RemoveContainer(ctx, &cri.RemoveContainerRequest{ContainerId: id}); err != nil {
-			t.Fatal(err)
-		}
+	for _, tc := range []aaCase{
+		{"privileged-unset", nil, "", "unconfined", true},
+		{"privileged-field-runtime-default", field(def, ""), "", "unconfined", true},
+		{"privileged-string-runtime-default", nil, "runtime/default", "unconfined", true},
+		{"privileged-field-unconfined", field(unc, ""), "", "unconfined", true},
+		{"privileged-field-deny", field(local, aaDeny), "", aaDeny + " (enforce)", false},
+		{"privileged-string-deny", nil, "localhost/" + aaDeny, aaDeny + " (enforce)", false},
+		{"privileged-field-allow", field(local, aaAllow), "", aaAllow + " (enforce)", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) { e.aaRun(t, privPod, pkp.cfg, img, true, tc) })
 	}
+	t.Run("privileged-field-not-loaded", func(t *testing.T) {
+		e.aaNotLoaded(t, privPod, pkp.cfg, img, true, "privileged-not-loaded", field(local, aaMissing), "")
+	})
 	e.stopRemove(ctx, t, privPod)
+}
+
+// aaCase is a container's AppArmor request and what it must run as.
+type aaCase struct {
+	name  string
+	field *cri.SecurityProfile
+	str   string // the deprecated apparmor_profile
+	want  string // attr/current, as the host and the container see it
+	// canWrite: writing below /tmp works (the deny-write profile refuses it).
+	canWrite bool
+}
+
+// aaRun runs a container with tc's request in the pod and checks its confinement from
+// the host and from inside (an exec, which gets the container's profile): its label,
+// and a write below /tmp that the deny-write profile refuses. Each case has its own
+// deadline: under the node VM's emulation the whole test takes longer than one.
+func (e *env) aaRun(t *testing.T, podID string, pod *cri.PodSandboxConfig, img string, privileged bool, tc aaCase) {
+	ctx := ctxT(t)
+	cfg := ctrConfig(tc.name, img, "sleep", "3600")
+	cfg.Linux.SecurityContext.Privileged = privileged
+	cfg.Linux.SecurityContext.Apparmor = tc.field
+	cfg.Linux.SecurityContext.ApparmorProfile = tc.str
+	id := e.runCtr(ctx, podID, pod, cfg)
+	defer func() {
+		if _, err := e.rt.RemoveContainer(ctx, &cri.RemoveContainerRequest{ContainerId: id}); err != nil {
+			t.Errorf("RemoveContainer: %v", err)
+		}
+	}()
+	if got := aaSettled(t, e.ctrPid(ctx, id), tc.want); got != tc.want {
+		t.Errorf("container runs as %q, want %q", got, tc.want)
+	}
+	if out := strings.TrimSpace(strings.TrimRight(e.mustExec(ctx, t, id, "cat", "/proc/self/attr/current"), "\x00\n")); out != tc.want {
+		t.Errorf("exec runs as %q, want %q", out, tc.want)
+	}
+	resp, err := e.execSync(ctx, id, 30, "sh", "-c", "echo x > /tmp/x")
+	if err != nil {
+		t.Fatalf("exec: %v", err)
+	}
+	if wrote := resp.ExitCode == 0; wrote != tc.canWrite {
+		t.Errorf("write to /tmp: exit %d stderr %q; want it to succeed: %v", resp.ExitCode, resp.Stderr, tc.canWrite)
+	}
+}
+
+// aaNotLoaded checks that a container naming a profile that is not loaded is not
+// created: FailedPrecondition naming the profile.
+func (e *env) aaNotLoaded(t *testing.T, podID string, pod *cri.PodSandboxConfig, img string, privileged bool, name string, field *cri.SecurityProfile, str string) {
+	ctx := ctxT(t)
+	cfg := ctrConfig(name, img, "sleep", "3600")
+	cfg.Linux.SecurityContext.Privileged = privileged
+	cfg.Linux.SecurityContext.Apparmor = field
+	cfg.Linux.SecurityContext.ApparmorProfile = str
+	_, err := e.rt.CreateContainer(ctx, &cri.CreateContainerRequest{PodSandboxId: podID, Config: cfg, SandboxConfig: pod})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), aaMissing) {
+		t.Errorf("create with a profile that is not loaded: %v; want FailedPrecondition naming %s", err, aaMissing)
+	}
 }
 
 // aaCurrent is a process's AppArmor confinement as the host sees it.
