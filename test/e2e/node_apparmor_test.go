@@ -149,6 +149,63 @@ func TestNodeAppArmor(t *testing.T) {
 	e.stopRemove(ctx, t, privPod)
 }
 
+// TestE2EAppArmorOffPrivileged: with AppArmor off (disable_apparmor, so on any host)
+// the outcome depends only on whether crisp can give what was asked, as it does with
+// AppArmor on: a privileged container's RuntimeDefault, which would run unconfined
+// there too, runs; a Localhost profile, privileged or not, and a non-privileged
+// RuntimeDefault are refused with FailedPrecondition rather than run without it.
+func TestE2EAppArmorOffPrivileged(t *testing.T) {
+	e := newEnv(t)
+	cfg, err := os.ReadFile(e.cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(e.cfgPath, append([]byte("disable_apparmor = true\n"), cfg...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	ctx := ctxT(t)
+	img := e.busybox(ctx)
+	pod := e.podConfig("aa-off")
+	pod.Linux.SecurityContext.Privileged = true
+	podID := e.runPod(ctx, pod)
+	for _, tc := range []struct {
+		name       string
+		privileged bool
+		sp         *cri.SecurityProfile
+		refused    bool
+	}{
+		{"privileged-runtime-default", true, &cri.SecurityProfile{ProfileType: cri.SecurityProfile_RuntimeDefault}, false},
+		{"privileged-unconfined", true, &cri.SecurityProfile{ProfileType: cri.SecurityProfile_Unconfined}, false},
+		{"privileged-localhost", true, &cri.SecurityProfile{ProfileType: cri.SecurityProfile_Localhost, LocalhostRef: aaDeny}, true},
+		{"runtime-default", false, &cri.SecurityProfile{ProfileType: cri.SecurityProfile_RuntimeDefault}, true},
+		{"localhost", false, &cri.SecurityProfile{ProfileType: cri.SecurityProfile_Localhost, LocalhostRef: aaDeny}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := ctrConfig(tc.name, img, "sleep", "3600")
+			c.Linux.SecurityContext.Privileged = tc.privileged
+			c.Linux.SecurityContext.Apparmor = tc.sp
+			resp, err := e.rt.CreateContainer(ctx, &cri.CreateContainerRequest{PodSandboxId: podID, Config: c, SandboxConfig: pod})
+			if tc.refused {
+				if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "AppArmor is not enabled") {
+					t.Errorf("create: %v; want FailedPrecondition saying AppArmor is not enabled", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("create: %v", err)
+			}
+			if _, err := e.rt.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
+				t.Errorf("start: %v", err)
+			}
+			if _, err := e.rt.RemoveContainer(ctx, &cri.RemoveContainerRequest{ContainerId: resp.ContainerId}); err != nil {
+				t.Errorf("remove: %v", err)
+			}
+		})
+	}
+	e.stopRemove(ctx, t, podID)
+}
+
 // aaCase is a container's AppArmor request and what it must run as.
 type aaCase struct {
 	name  string
