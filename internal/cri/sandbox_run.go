@@ -106,6 +106,11 @@ func (s *Service) newPodRun(req *runtime.RunPodSandboxRequest) (*podRun, error) 
 	if err := validatePodConfig(cfg, s.cfg.CgroupDriver); err != nil {
 		return nil, err
 	}
+	// Kept as the pod will run: every later use of the config (containers' cgroups,
+	// stats, NRI, the record) then sees the slice, not the path it was given as.
+	if l := cfg.GetLinux(); l.GetCgroupParent() != "" {
+		l.CgroupParent = cgroupParent(l.GetCgroupParent(), s.cfg.CgroupDriver)
+	}
 	handler := req.GetRuntimeHandler()
 	if handler == "" {
 		handler = s.cfg.DefaultRuntimeHandler

@@ -4,6 +4,7 @@ import (
 	"math"
 	"net"
 	"path"
+	"slices"
 	"strings"
 	"time"
 
@@ -119,6 +120,16 @@ func validatePodConfig(cfg *runtime.PodSandboxConfig, cgroupDriver string) error
 	return nil
 }
 
+// cgroupParent is the cgroup parent the pod runs under, from a checked
+// cgroup_parent: with the systemd driver the slice a path ends in (a.slice/b.slice
+// → b.slice), as containerd and CRI-O take it; else the value as given.
+func cgroupParent(p, driver string) string {
+	if driver == config.CgroupDriverSystemd && p != "" {
+		return path.Base(p)
+	}
+	return p
+}
+
 // validatePodHostname checks the hostname the pod's /etc/hostname and /etc/hosts will
 // carry as crisp's shim checks it for containerd's pods (podfiles.ValidateHostname): the
 // one given, or without one the pod's name, which runPodHostname falls back to unless
@@ -162,8 +173,14 @@ func validateSysctl(key, value string, hostNet, hostIPC bool) error {
 
 func validateCgroupParent(p, driver string) error {
 	if driver == config.CgroupDriverSystemd {
-		if !strings.HasSuffix(p, ".slice") || strings.Contains(p, "/") {
-			return invalid("cgroup_parent %q must be a systemd slice name (like kubepods-pod1.slice) with the systemd cgroup driver", p)
+		// A path whose last element is a slice stands for that slice, as containerd's
+		// getCgroupsPath and CRI-O read it (critest sends "/test.slice"); its other
+		// elements must still make a clean path.
+		if strings.Contains(p, "/") && (path.Clean(p) != strings.TrimSuffix(p, "/") || slices.Contains(strings.Split(p, "/"), "..")) {
+			return invalid("cgroup_parent %q must be a clean path (no '..' or '//') ending in a systemd slice name", p)
+		}
+		if base := path.Base(p); !strings.HasSuffix(base, ".slice") || base == ".slice" {
+			return invalid("cgroup_parent %q must be a systemd slice name (like kubepods-pod1.slice), or a path ending in one, with the systemd cgroup driver", p)
 		}
 		return nil
 	}

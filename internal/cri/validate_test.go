@@ -233,3 +233,43 @@ func TestStopContainerUnknownID(t *testing.T) {
 		})
 	}
 }
+
+// TestSystemdCgroupParent: with the systemd driver a cgroup_parent that is a slice, or
+// a path ending in one (critest's "/test.slice"), is taken as that slice, as containerd
+// and CRI-O take it; anything else is refused.
+func TestSystemdCgroupParent(t *testing.T) {
+	for _, tc := range []struct {
+		parent, want string // want "" means refused
+	}{
+		{"kubepods-pod1.slice", "kubepods-pod1.slice"},
+		{"/test.slice", "test.slice"},
+		{"a.slice/b.slice", "b.slice"},
+		{"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice", "kubepods-besteffort-pod1.slice"},
+		{"/test.slice/", "test.slice"},
+		{"/kubepods/pod1", ""},
+		{"/a/../b.slice", ""},
+		{"/a//b.slice", ""},
+		{"/.slice", ""},
+		{".slice", ""},
+		{"kubepods", ""},
+	} {
+		t.Run(tc.parent, func(t *testing.T) {
+			err := validateCgroupParent(tc.parent, config.CgroupDriverSystemd)
+			if tc.want == "" {
+				if err == nil || !errdefs.IsInvalidArgument(err) {
+					t.Fatalf("validateCgroupParent = %v, want InvalidArgument", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("validateCgroupParent: %v", err)
+			}
+			if got := cgroupParent(tc.parent, config.CgroupDriverSystemd); got != tc.want {
+				t.Errorf("cgroupParent = %q, want %q", got, tc.want)
+			}
+		})
+	}
+	if got := cgroupParent("/kubepods/pod1", config.CgroupDriverCgroupfs); got != "/kubepods/pod1" {
+		t.Errorf("cgroupfs parent = %q, want it as given", got)
+	}
+}

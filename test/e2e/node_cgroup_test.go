@@ -308,3 +308,44 @@ func statField(t *testing.T, dir, file, key string) int64 {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// TestNodeCgroupParentPath: a cgroup_parent given as a path whose last element is a
+// slice, as critest sends it ("/test.slice"), runs the pod in that slice under the
+// systemd driver (containerd's and CRI-O's reading), and in that directory under
+// cgroupfs.
+func TestNodeCgroupParentPath(t *testing.T) {
+	e := newNodeEnv(t)
+	ctx := ctxT(t)
+	img := e.busybox(ctx)
+	for _, parent := range []string{"/crisp-e2e.slice", "crisp-e2e.slice/crisp-e2e-inner.slice"} {
+		t.Run(parent, func(t *testing.T) {
+			if nodeDriver() != "systemd" && !strings.HasPrefix(parent, "/") {
+				t.Skip("cgroupfs takes absolute paths only")
+			}
+			pod := e.podConfig("parent")
+			pod.Linux.CgroupParent = parent
+			resp, err := e.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: pod})
+			if err != nil {
+				t.Fatalf("RunPodSandbox with cgroup_parent %q: %v", parent, err)
+			}
+			podID := resp.PodSandboxId
+			defer e.stopRemove(ctx, t, podID)
+			id := e.runCtr(ctx, podID, pod, ctrConfig("c", img, "sleep", "3600"))
+			want := "/sys/fs/cgroup" + parent // cgroupfs: the path itself
+			if nodeDriver() == "systemd" {
+				// The slice the path ends in, where systemd puts it by its name.
+				slice := filepath.Base(parent)
+				want = "/sys/fs/cgroup/crisp.slice/crisp-e2e.slice"
+				if slice != "crisp-e2e.slice" {
+					want += "/" + slice
+				}
+			}
+			_, info := e.status(ctx, podID)
+			for what, pid := range map[string]int{"pause": info.Pid, "container": e.ctrPid(ctx, id)} {
+				if cg := procCgroup(t, pid); filepath.Dir(cg) != want {
+					t.Errorf("%s runs in %s, want a child of %s", what, cg, want)
+				}
+			}
+		})
+	}
+}

@@ -415,10 +415,14 @@ func TestMaskedAndReadonlyPaths(t *testing.T) {
 	for _, tc := range []struct {
 		name               string
 		masked, readonly   []string
-		privileged         bool
+		privileged, userns bool
 		wantMasked, wantRO []string
 	}{
 		{name: "unset: containerd's defaults", wantMasked: defMasked, wantRO: defReadonly},
+		// Over gRPC kubelet's empty lists (procMount: Unmasked, allowed only with
+		// hostUsers: false) arrive as nil.
+		{name: "user namespace, unset: Unmasked, none", userns: true},
+		{name: "user namespace, kubelet's Default lists used", userns: true, masked: []string{"/proc/kcore"}, readonly: []string{"/proc/sys"}, wantMasked: []string{"/proc/kcore"}, wantRO: []string{"/proc/sys"}},
 		{name: "kubelet's lists are used exactly", masked: []string{"/proc/kcore"}, readonly: []string{"/proc/sys"}, wantMasked: []string{"/proc/kcore"}, wantRO: []string{"/proc/sys"}},
 		{name: "empty lists (Unmasked) mean none", masked: []string{}, readonly: []string{}, wantMasked: []string{}, wantRO: []string{}},
 		{name: "privileged: none", privileged: true, masked: []string{"/proc/kcore"}},
@@ -426,6 +430,10 @@ func TestMaskedAndReadonlyPaths(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			in := baseInput(t)
 			sc(in).MaskedPaths, sc(in).ReadonlyPaths = tc.masked, tc.readonly
+			if tc.userns {
+				r := idmap(0, 100000, 65536)
+				in.Pod.Linux.SecurityContext.NamespaceOptions.UsernsOptions = podUserns([]*runtime.IDMapping{r}, []*runtime.IDMapping{r}).UsernsOptions
+			}
 			if tc.privileged {
 				in.Pod.Linux.SecurityContext.Privileged = true
 				sc(in).Privileged = true

@@ -220,17 +220,23 @@ func localhostSeccomp(ref string) (*specs.LinuxSeccomp, error) {
 }
 
 // maskedAndReadonlyPaths follows kubelet's contract: kubelet always sends the paths it
-// wants (its defaults, or an empty list for procMount: Unmasked), so the CRI's lists
-// are used exactly when set. Unset (nil, e.g. crictl) gets containerd's defaults. A
-// non-nil empty list from an in-process caller means "none". Over gRPC an empty list
-// arrives as nil; kubelet only sends one for procMount: Unmasked, which the API allows
-// only with user namespaces, which crisp refuses, so the defaults are the safe reading.
-// Privileged containers get none (oci.WithPrivileged).
-func maskedAndReadonlyPaths(sc *runtime.LinuxContainerSecurityContext) (masked, readonly []string) {
+// wants, its defaults for procMount: Default and empty lists for procMount: Unmasked,
+// so the CRI's lists are used exactly when set. Over gRPC an empty list arrives as nil,
+// indistinguishable from no list at all (crictl). Unmasked is allowed only in a pod
+// with a user namespace (hostUsers: false), so there nil means Unmasked, as containerd
+// (which applies no masks unless the CRI sends some) honours it: no masked or
+// read-only paths. Elsewhere nil can only come from a client that sent none, which
+// gets containerd's defaults (containerd would mask nothing): a crictl container
+// keeps /proc's sensitive files covered. A non-nil empty list from an in-process
+// caller means "none". Privileged containers get none (oci.WithPrivileged).
+func maskedAndReadonlyPaths(sc *runtime.LinuxContainerSecurityContext, userNS bool) (masked, readonly []string) {
 	if sc.GetPrivileged() {
 		return nil, nil
 	}
 	masked, readonly = sc.GetMaskedPaths(), sc.GetReadonlyPaths()
+	if userNS && masked == nil && readonly == nil {
+		return nil, nil
+	}
 	if masked == nil {
 		masked = defaultMaskedPaths()
 	}

@@ -173,7 +173,7 @@ func Generate(in Input) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	masked, readonly := maskedAndReadonlyPaths(sc)
+	masked, readonly := maskedAndReadonlyPaths(sc, userNS != nil)
 
 	process.OOMScoreAdj = oom
 	s := &specs.Spec{
