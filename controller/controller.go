@@ -524,7 +524,9 @@ func (c *Controller) teardown(ctx context.Context, sb *sandbox, timeout time.Dur
 	if pid == 0 {
 		pid = readShimPid(sb.rec.Bundle)
 	}
-	if pid == 0 && sb.isTaskOnly() {
+	if pid == 0 {
+		// A shim start killed (the caller's cancel, or criserver's death) after it
+		// forked the serving shim and before it recorded it.
 		pid = findShim(sb.rec.Bundle, sb.rec.ID)
 	}
 	if !isShimOf(pid, sb.rec.ID) {

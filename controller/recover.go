@@ -205,8 +205,9 @@ func shimStartRunning(id string) bool {
 }
 
 // findShim finds the running shim of pod id whose pid criserver does not know (a
-// task-only shim writes no pid file, and a crash may come before Connect told it):
-// the process with `-id id` on its command line, no start or delete action, working
+// task-only shim writes no pid file, and a crash may come before Connect told it; a
+// `start` killed between forking the serving shim and writing shim.pid leaves it
+// unrecorded, whatever the shim): the process with `-id id` on its command line, no start or delete action, working
 // in the pod's bundle, as runtime-v2 shims run.
 func findShim(bundle, id string) int {
 	shim := 0

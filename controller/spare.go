@@ -446,7 +446,8 @@ func (c *Controller) retireSpare(sb *sandbox) {
 			addr = a
 		}
 	}
-	if pid == 0 && sb.isTaskOnly() {
+	if pid == 0 {
+		// As in teardown: a start killed before it recorded the shim it forked.
 		pid = findShim(bundle, id)
 	}
 	if svc != nil {

@@ -24,6 +24,9 @@ import (
 var testShimDir string
 
 func TestMain(m *testing.M) {
+	if mode := os.Getenv(stalledShimEnv); mode != "" {
+		os.Exit(stalledShim(mode))
+	}
 	code := m.Run()
 	if testShimDir != "" {
 		os.RemoveAll(testShimDir)

@@ -301,7 +301,15 @@ func spawn(sp startParams, l *net.UnixListener, path string) (retErr error) {
 	cmd.Env = childEnv(os.Environ(), sp)
 	// Its own session: the shim must outlive the process that ran `start`.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	// The address before the shim exists: a start killed right after forking it (the
+	// caller's cancel, or its death) leaves a shim that only this file leads a
+	// recovering caller, and `delete`, to (its socket may be in any socket_dir).
+	addrFile := filepath.Join(sp.bundle, AddressFile)
+	if err := atomicfile.Write(addrFile, []byte("unix://"+path), 0o600); err != nil {
+		return err
+	}
 	if err := cmd.Start(); err != nil {
+		_ = os.Remove(addrFile)
 		return fmt.Errorf("start shim: %w", err)
 	}
 	defer func() {
@@ -309,15 +317,12 @@ func spawn(sp startParams, l *net.UnixListener, path string) (retErr error) {
 			_ = cmd.Process.Kill()
 			_ = cmd.Wait()
 			_ = os.Remove(filepath.Join(sp.bundle, PidFile))
-			_ = os.Remove(filepath.Join(sp.bundle, AddressFile))
+			_ = os.Remove(addrFile)
 		} else {
 			_ = cmd.Process.Release()
 		}
 	}()
-	if err := atomicfile.Write(filepath.Join(sp.bundle, PidFile), []byte(strconv.Itoa(cmd.Process.Pid)), 0o600); err != nil {
-		return err
-	}
-	return atomicfile.Write(filepath.Join(sp.bundle, AddressFile), []byte("unix://"+path), 0o600)
+	return atomicfile.Write(filepath.Join(sp.bundle, PidFile), []byte(strconv.Itoa(cmd.Process.Pid)), 0o600)
 }
 
 // criuFaultEnv is the environment variable CRIU reads its fault-injection mode from.
