@@ -32,6 +32,8 @@ cp node.test "$node/"
 cp "deb/$NODE_DEB" "$node/new/"
 cp "old/$NODE_OLD_DEB" "$node/old/"
 if [ -d testdata ]; then cp -r testdata "$node/"; fi
+# TestNodeCritest's critest and images (test-node.sh's prepare).
+for f in critest critest-images; do if [ -e "$f" ]; then cp -r "$f" "$node/"; fi; done
 
 step "dpkg -i $NODE_DEB"
 dpkg -i "$node/new/$NODE_DEB" || fail "dpkg -i"

@@ -71,6 +71,10 @@ prepare() { # prepare DRIVER: the share of that driver's guest
 	cp "$old_deb" "$s/old/"
 	cp "$hack/nodevm/node-run.sh" "$s/run.sh"
 	if [ -d "$repo/$pkg/testdata" ]; then cp -r "$repo/$pkg/testdata" "$s/"; fi
+	# TestNodeCritest: critest, and its images built here (the guest has no compiler).
+	"$hack/critest.sh" && cp "${CRITEST_CACHE:-/var/cache/crisp/critest-v1.36.0}/bin/critest" "$s/"
+	CRISP_CRITEST_IMAGES_EXPORT=$s/critest-images "$dir/node.test" -test.run '^TestCritestImagesExport$' \
+		> "$s/critest-images.log" 2>&1 || die "critest's images: see $s/critest-images.log"
 	printf 'NODE_DRIVER=%q\nNODE_DEB=%q\nNODE_OLD_DEB=%q\nNODE_TEST_TIMEOUT=%q\nNODE_RUN=%q\n' \
 		"$1" "${deb##*/}" "${old_deb##*/}" "$test_timeout" "$run" > "$s/node.env"
 }

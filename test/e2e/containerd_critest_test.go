@@ -7,8 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -75,14 +73,7 @@ func TestE2EContainerdCritest(t *testing.T) {
 			start := time.Now()
 			res := runCritest(t, critest, h, images, out)
 			results[h] = res
-			n := critestCount(res)
-			t.Logf("critest on %s: %d passed, %d failed, %d skipped, %d excluded (--ginkgo.skip), %d not selected (benchmarks, focus) in %v",
-				h, n["passed"], n["failed"], n["skipped"], n["excluded"], n["not selected"], time.Since(start).Round(time.Second))
-			for _, name := range sortedSpecs(res) {
-				if k := res[name].kind(); k != "passed" && k != "not selected" {
-					t.Logf("  %s: %s\n      %s", k, name, res[name].reason())
-				}
-			}
+			logCritestResults(t, "on "+h, res, time.Since(start))
 		})
 	}
 
@@ -113,87 +104,6 @@ func TestE2EContainerdCritest(t *testing.T) {
 	}
 }
 
-// critestSpec is one spec of ginkgo's JSON report (the fields the test reads).
-type critestSpec struct {
-	ContainerHierarchyTexts []string
-	LeafNodeText            string
-	LeafNodeType            string
-	State                   string
-	RunTime                 time.Duration
-	Failure                 struct {
-		Message  string
-		Location struct {
-			FileName   string
-			LineNumber int
-		}
-	}
-}
-
-// kind is the spec's outcome: passed, failed (also panicked, timed out, interrupted),
-// skipped (by the spec itself, with its reason), excluded (critestSkips) or not selected
-// (critest runs no benchmark without -benchmark; CRISP_CRITEST_FOCUS).
-func (s critestSpec) kind() string {
-	switch s.State {
-	case "passed":
-		return "passed"
-	case "skipped", "pending":
-		if s.Failure.Message != "" {
-			return "skipped"
-		}
-		if s.excludedWhy() != "" {
-			return "excluded"
-		}
-		return "not selected"
-	}
-	return "failed"
-}
-
-// excludedWhy is the reason critestSkips gives for the spec, if it names it.
-func (s critestSpec) excludedWhy() string {
-	for _, x := range critestSkips {
-		if s.LeafNodeText == x.spec || strings.HasPrefix(s.LeafNodeText, x.spec+" [") {
-			return x.why
-		}
-	}
-	return ""
-}
-
-func (s critestSpec) name() string {
-	return strings.Join(append(append([]string{}, s.ContainerHierarchyTexts...), s.LeafNodeText), " ")
-}
-
-// reason is the first lines of the spec's failure or skip message and where it was.
-func (s critestSpec) reason() string {
-	if why := s.excludedWhy(); why != "" && s.State == "skipped" {
-		return why
-	}
-	msg := strings.TrimSpace(s.Failure.Message)
-	if lines := strings.Split(msg, "\n"); len(lines) > 6 {
-		msg = strings.Join(lines[:6], "\n      ") + " ..."
-	}
-	if f := s.Failure.Location.FileName; f != "" {
-		msg += fmt.Sprintf(" (%s:%d)", filepath.Base(f), s.Failure.Location.LineNumber)
-	}
-	return msg
-}
-
-func critestCount(res map[string]critestSpec) map[string]int {
-	n := map[string]int{}
-	for _, s := range res {
-		n[s.kind()]++
-	}
-	return n
-}
-
-func sortedSpecs(res map[string]critestSpec) []string {
-	names := make([]string, 0, len(res))
-	for n := range res {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
-
 // runCritest starts a containerd as TestE2EContainerd does, mirrors critest's
 // registries to a registry holding critestImages, adds portmap to the pod network (the
 // host port specs need it; the bridge, subnet and IPAM dir stay the harness's), runs
@@ -222,65 +132,17 @@ func runCritest(t *testing.T, critest, handler string, images map[string]v1.Imag
 	}
 	c.addPortmap(t)
 
-	skips := make([]string, len(critestSkips))
-	for i, s := range critestSkips {
-		skips[i] = regexp.QuoteMeta(s.spec)
-	}
 	report := filepath.Join(out, "critest-"+handler+".json")
-	_ = os.Remove(report)
 	args := []string{
 		"--runtime-endpoint", "unix://" + c.socket, "--image-endpoint", "unix://" + c.socket,
 		"--runtime-handler", handler, "--config", filepath.Join(c.dir, "crictl.yaml"),
 		"--ginkgo.no-color", "--ginkgo.timeout", "50m", "--ginkgo.json-report", report,
-		"--ginkgo.skip", strings.Join(skips, "|"),
+		"--ginkgo.skip", critestSkipRegexp(critestSkips),
 	}
 	if f := os.Getenv("CRISP_CRITEST_FOCUS"); f != "" {
 		args = append(args, "--ginkgo.focus", f)
 	}
-	logPath := filepath.Join(out, "critest-"+handler+".log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
-	cmd := exec.Command(critest, args...)
-	// critest runs ipcmk and reads its config relative to its working directory.
-	cmd.Dir = c.dir
-	cmd.Stdout, cmd.Stderr = logf, logf
-	// critest's host IPC specs make a segment on the host (ipcmk) and leave it there.
-	shmBefore := shmSegments()
-	defer func() {
-		for id := range shmSegments() {
-			if !shmBefore[id] {
-				_ = exec.Command("ipcrm", "-m", id).Run()
-			}
-		}
-	}()
-	// Failed specs make critest exit 1: the report says which.
-	runErr := cmd.Run()
-	b, err := os.ReadFile(report)
-	if err != nil {
-		t.Fatalf("critest on %s wrote no report (%v, exit %v); its output is in %s", handler, err, runErr, logPath)
-	}
-	var suites []struct{ SpecReports []critestSpec }
-	if err := json.Unmarshal(b, &suites); err != nil {
-		t.Fatalf("critest's report %s: %v", report, err)
-	}
-	res := map[string]critestSpec{}
-	for _, suite := range suites {
-		for _, s := range suite.SpecReports {
-			if s.LeafNodeType != "It" {
-				if s.State != "passed" && s.State != "skipped" {
-					t.Errorf("critest's %s %s: %s", s.LeafNodeType, s.State, s.reason())
-				}
-				continue
-			}
-			res[s.name()] = s
-		}
-	}
-	if len(res) == 0 {
-		t.Fatalf("critest on %s ran no spec; its output is in %s", handler, logPath)
-	}
+	res := execCritest(t, critest, c.dir, args, filepath.Join(out, "critest-"+handler+".log"), report)
 	// Whatever critest's specs did, nothing of their pods may stay behind.
 	c.assertClean(t, 30*time.Second, nil)
 	return res
