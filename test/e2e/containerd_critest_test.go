@@ -142,7 +142,7 @@ func runCritest(t *testing.T, critest, handler string, images map[string]v1.Imag
 	if f := os.Getenv("CRISP_CRITEST_FOCUS"); f != "" {
 		args = append(args, "--ginkgo.focus", f)
 	}
-	res := execCritest(t, critest, c.dir, args, filepath.Join(out, "critest-"+handler+".log"), report)
+	res := execCritest(t, critest, c.dir, args, nil, filepath.Join(out, "critest-"+handler+".log"), report)
 	// Whatever critest's specs did, nothing of their pods may stay behind.
 	c.assertClean(t, 30*time.Second, nil)
 	return res

@@ -108,10 +108,11 @@ func critestSkipRegexp(skips []struct{ spec, why string }) string {
 }
 
 // execCritest runs critest with args in dir (critest runs ipcmk and reads its config
-// relative to its working directory), its output to logPath and its JSON report to
-// report (args must ask for it: --ginkgo.json-report), and returns the specs by name.
+// relative to its working directory) with env added to the test's environment, its
+// output to logPath and its JSON report to report (args must ask for it:
+// --ginkgo.json-report), and returns the specs by name.
 // The System V shared memory segments its host IPC specs make (ipcmk) are removed.
-func execCritest(t *testing.T, critest, dir string, args []string, logPath, report string) map[string]critestSpec {
+func execCritest(t *testing.T, critest, dir string, args, env []string, logPath, report string) map[string]critestSpec {
 	t.Helper()
 	_ = os.Remove(report)
 	logf, err := os.Create(logPath)
@@ -121,6 +122,7 @@ func execCritest(t *testing.T, critest, dir string, args []string, logPath, repo
 	defer logf.Close()
 	cmd := exec.Command(critest, args...)
 	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	shmBefore := shmSegments()
 	defer func() {
