@@ -170,6 +170,8 @@ func (p PauseBundle) spec() (*specs.Spec, error) {
 			NoNewPrivileges: true,
 			Capabilities:    &specs.LinuxCapabilities{},
 			OOMScoreAdj:     &oom,
+			// The pod's SELinux labels, as containerd puts them in its pause's spec.
+			SelinuxLabel: o.GetSelinuxLabel(),
 		},
 		Root:     &specs.Root{Path: "rootfs", Readonly: true},
 		Hostname: hostname,
@@ -184,6 +186,7 @@ func (p PauseBundle) spec() (*specs.Spec, error) {
 			Namespaces:  nss,
 			Sysctl:      o.GetSysctls(),
 			CgroupsPath: p.CgroupsPath,
+			MountLabel:  o.GetMountLabel(),
 			// CPU shares 2, as containerd gives its pause: it must not weigh in the
 			// pod's share of the CPU (runc converts shares to a v2 weight).
 			Resources: &specs.LinuxResources{

@@ -47,6 +47,15 @@ type Config struct {
 	// DisableAppArmor leaves every container without an AppArmor profile on a host
 	// that has AppArmor (containerd's disable_apparmor); asking for one is then refused.
 	DisableAppArmor bool `toml:"disable_apparmor" comment:"on a host with AppArmor, give containers no profile (otherwise crisp-default is loaded and applied to every non-privileged container that does not ask for another or for unconfined)"`
+	// EnableSELinux gives, on a host with SELinux enabled, every pod its own MCS level
+	// and its containers and files the policy's container labels (containerd's
+	// enable_selinux, CRI-O's selinux). On by default, as CRI-O's packages ship it:
+	// containerd's default (off) leaves every container in the runtime's own domain on
+	// exactly the nodes that enforce SELinux. A host without SELinux is unaffected.
+	EnableSELinux bool `toml:"enable_selinux" comment:"on a host with SELinux enabled, label pods and containers with the policy's container types and a unique MCS level per pod (no effect without SELinux)"`
+	// SELinuxCategoryRange is the number of MCS categories pods' levels are drawn
+	// from (containerd's selinux_category_range; 1024 is the policy's usual c0.c1023).
+	SELinuxCategoryRange int `toml:"selinux_category_range" comment:"MCS categories pod levels are drawn from (c0 to c<range-1>)"`
 	// EventBuffer is how many container events one GetContainerEvents subscriber may
 	// have waiting before further events are dropped for it (and counted).
 	EventBuffer int `toml:"event_buffer" comment:"container events buffered per GetContainerEvents subscriber; more are dropped"`
@@ -288,6 +297,8 @@ func Default() Config {
 		DefaultRuntimeHandler:   "runc",
 		ShimStartTimeoutSeconds: 30,
 		EventBuffer:             1024,
+		EnableSELinux:           true,
+		SELinuxCategoryRange:    1024,
 		CNI: CNIConfig{
 			ConfDir:        "/etc/cni/net.d",
 			BinDirs:        []string{"/usr/lib/cni", "/opt/cni/bin"},
@@ -394,6 +405,10 @@ func (c Config) Validate() error {
 	}
 	if c.EventBuffer <= 0 {
 		return fmt.Errorf("event_buffer must be positive, got %d", c.EventBuffer)
+	}
+	if c.SELinuxCategoryRange < 2 {
+		// Two distinct categories make a pod's level.
+		return fmt.Errorf("selinux_category_range must be at least 2, got %d", c.SELinuxCategoryRange)
 	}
 	if len(c.Runtimes) == 0 {
 		return errors.New("no runtime handler configured: add a [runtimes.NAME] table")

@@ -57,6 +57,10 @@ type containerRecord struct {
 	User       spec.UserInfo   `json:"user"`
 	StopSignal int             `json:"stop_signal"`
 	Resources  json.RawMessage `json:"resources,omitempty"`
+	// ProcessLabel is the SELinux label the container's level was reserved with (kept
+	// for a privileged container too, whose process runs without it): released with
+	// the record, reserved again at recovery.
+	ProcessLabel string `json:"process_label,omitempty"`
 }
 
 // container is the CRI's live view of one container.
@@ -195,6 +199,17 @@ func (s *Service) createContainer(ctx context.Context, p *pod, st *controller.St
 		}
 	}()
 
+	// 1b. The SELinux labels: the pod's level unless the container sets its own.
+	processLabel, mountLabel, err := s.labels.containerLabels(p.rec.ProcessLabel, cfg.GetLinux().GetSecurityContext().GetSelinuxOptions())
+	if err != nil {
+		return "", fmt.Errorf("SELinux labels of container %s: %w", id, err)
+	}
+	defer func() {
+		if retErr != nil {
+			s.labels.release(processLabel)
+		}
+	}()
+
 	// 2. The writable rootfs.
 	end := ph.start(metrics.CreatePhaseSnapshot)
 	snapMounts, err := s.images.PrepareRootfs(id, img)
@@ -221,7 +236,7 @@ func (s *Service) createContainer(ctx context.Context, p *pod, st *controller.St
 
 	// 2b. Image volumes: each image a mount names, mounted read-only for the spec to
 	// bind (specCfg); cfg keeps the mounts as asked, for the record and the status.
-	specCfg, err := s.mountImageVolumes(id, cfg)
+	specCfg, err := s.mountImageVolumes(id, cfg, mountLabel)
 	if err != nil {
 		return "", err
 	}
@@ -238,8 +253,12 @@ func (s *Service) createContainer(ctx context.Context, p *pod, st *controller.St
 	if err != nil {
 		return "", err
 	}
-	res, err := s.generateSpec(id, specCfg, p, img, imgSpec, st, rootfs, ph)
+	res, err := s.generateSpec(id, specCfg, p, img, imgSpec, st, rootfs, ph, processLabel, mountLabel)
 	if err != nil {
+		return "", err
+	}
+	// 3a. Volumes kubelet asks to relabel get the container's file label.
+	if err := relabelMounts(res.Relabel, mountLabel); err != nil {
 		return "", err
 	}
 	for _, w := range res.Warnings {
@@ -270,7 +289,7 @@ func (s *Service) createContainer(ctx context.Context, p *pod, st *controller.St
 	}
 	end = ph.start(metrics.CreatePhaseTaskCreate)
 	_, err = s.ctrl.CreateContainer(ctx, controller.ContainerSpec{
-		ID: id, SandboxID: p.rec.ID, Spec: res.Spec, Rootfs: rootfs, LogPath: logPath, Terminal: cfg.GetTty(), Stdin: cfg.GetStdin(),
+		ID: id, SandboxID: p.rec.ID, Spec: res.Spec, Rootfs: withMountLabel(rootfs, mountLabel), LogPath: logPath, Terminal: cfg.GetTty(), Stdin: cfg.GetStdin(),
 		Checkpoint: restore.imagesDir(),
 	})
 	end()
@@ -299,7 +318,7 @@ func (s *Service) createContainer(ctx context.Context, p *pod, st *controller.St
 	c := newContainer(containerRecord{
 		ID: id, PodID: p.rec.ID, Config: raw, ImageID: img.ID, ImageRef: imageRef, LogPath: logPath,
 		State: stateCreated, CreatedAt: time.Now().UnixNano(), User: res.User, StopSignal: int(stopSig),
-		Resources: nriResources,
+		Resources: nriResources, ProcessLabel: processLabel,
 	}, cfg, nameKey)
 	if err := s.store.Put(containerBucket, id, c.rec); err != nil {
 		return "", err
@@ -342,7 +361,7 @@ func (s *Service) imageTag(imageID, userImage string) string {
 // generateSpec mounts the rootfs briefly so the spec can resolve users and groups
 // from the image's own /etc/passwd and /etc/group; ph gets the mount and unmount as
 // the user lookup and the generation as the spec.
-func (s *Service) generateSpec(id string, cfg *runtime.ContainerConfig, p *pod, img *image.Image, imgSpec ocispec.Image, st *controller.Status, rootfs []mount.Mount, ph phases) (*spec.Result, error) {
+func (s *Service) generateSpec(id string, cfg *runtime.ContainerConfig, p *pod, img *image.Image, imgSpec ocispec.Image, st *controller.Status, rootfs []mount.Mount, ph phases, processLabel, mountLabel string) (*spec.Result, error) {
 	tmp, err := os.MkdirTemp(filepath.Join(s.cfg.StateDir), "rootfs-")
 	if err != nil {
 		return nil, fmt.Errorf("temp dir for rootfs: %w", err)
@@ -392,6 +411,8 @@ func (s *Service) generateSpec(id string, cfg *runtime.ContainerConfig, p *pod, 
 		RecursiveReadOnlyMounts: s.handlerFeatures(p.rec.Handler).GetRecursiveReadOnlyMounts(),
 		CDI:                     s.cdi,
 		AppArmor:                s.apparmor,
+		ProcessLabel:            processLabel,
+		MountLabel:              mountLabel,
 	})
 }
 
@@ -714,6 +735,7 @@ func (s *Service) removeLocked(ctx context.Context, c *container) error {
 	s.mu.Lock()
 	delete(s.containers, rec.ID)
 	s.mu.Unlock()
+	s.labels.release(rec.ProcessLabel)
 	s.ctrNames.release(c.nameKey, rec.ID)
 	s.emitContainerEvent(rec.ID, rec.PodID, runtime.ContainerEventType_CONTAINER_DELETED_EVENT)
 	return nil

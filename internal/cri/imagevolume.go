@@ -50,7 +50,7 @@ func hasImageVolumes(cfg *runtime.ContainerConfig) bool {
 // those directories (or of their image_sub_path). cfg itself is not modified: the
 // record keeps the mounts as asked, which ContainerStatus reports. Without image
 // mounts cfg is returned as is. On failure nothing stays mounted.
-func (s *Service) mountImageVolumes(id string, cfg *runtime.ContainerConfig) (_ *runtime.ContainerConfig, retErr error) {
+func (s *Service) mountImageVolumes(id string, cfg *runtime.ContainerConfig, mountLabel string) (_ *runtime.ContainerConfig, retErr error) {
 	if !hasImageVolumes(cfg) {
 		return cfg, nil
 	}
@@ -69,7 +69,7 @@ func (s *Service) mountImageVolumes(id string, cfg *runtime.ContainerConfig) (_ 
 		if !isImageMount(m) {
 			continue
 		}
-		root, err := s.imageVolumeRoot(id, m, roots)
+		root, err := s.imageVolumeRoot(id, m, roots, mountLabel)
 		if err != nil {
 			return nil, err
 		}
@@ -85,8 +85,9 @@ func (s *Service) mountImageVolumes(id string, cfg *runtime.ContainerConfig) (_ 
 }
 
 // imageVolumeRoot validates image mount m and returns where its image is mounted for
-// container id, mounting it when this is the first mount of that image (roots).
-func (s *Service) imageVolumeRoot(id string, m *runtime.Mount, roots map[string]string) (string, error) {
+// container id, mounting it when this is the first mount of that image (roots), with
+// the container's SELinux mount label.
+func (s *Service) imageVolumeRoot(id string, m *runtime.Mount, roots map[string]string, mountLabel string) (string, error) {
 	ref := m.GetImage().GetImage()
 	switch {
 	case ref == "":
@@ -119,7 +120,7 @@ func (s *Service) imageVolumeRoot(id string, m *runtime.Mount, roots map[string]
 	for _, sm := range ms {
 		mounts = append(mounts, mount.Mount{Type: sm.Type, Source: sm.Source, Options: sm.Options})
 	}
-	if err := mount.All(mounts, root); err != nil {
+	if err := mount.All(withMountLabel(mounts, mountLabel), root); err != nil {
 		return "", fmt.Errorf("mount at %s: image %q: %w", m.GetContainerPath(), ref, err)
 	}
 	roots[img.ID] = root

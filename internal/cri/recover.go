@@ -39,6 +39,10 @@ func (s *Service) Recover(ctx context.Context, liveSandboxes []string) error {
 		if err := s.podNames.reserve(p.nameKey, id); err != nil {
 			return fmt.Errorf("recover pod %s: %w", id, err)
 		}
+		// Before any new pod gets a level: this pod's stays its own.
+		if err := s.labels.hold(rec.ProcessLabel); err != nil {
+			s.log.Warn("reserve SELinux level of recovered pod", "pod", id, "label", rec.ProcessLabel, "err", err)
+		}
 		s.pods[id] = p
 		return nil
 	})
@@ -91,6 +95,9 @@ func (s *Service) loadContainers() error {
 		}
 		if rec.State == stateExited {
 			c.markExited()
+		}
+		if err := s.labels.hold(rec.ProcessLabel); err != nil {
+			s.log.Warn("reserve SELinux level of recovered container", "container", id, "label", rec.ProcessLabel, "err", err)
 		}
 		s.containers[id] = c
 		return nil

@@ -117,6 +117,7 @@ func (s *Service) RemovePodSandbox(ctx context.Context, req *runtime.RemovePodSa
 	s.mu.Lock()
 	delete(s.pods, id)
 	s.mu.Unlock()
+	s.labels.release(p.rec.ProcessLabel)
 	s.podNames.release(p.nameKey, id)
 	if s.evs.markStopped(id) {
 		s.publishEvent(id, runtime.ContainerEventType_CONTAINER_STOPPED_EVENT, evState)

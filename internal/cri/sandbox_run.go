@@ -28,8 +28,10 @@ type podRun struct {
 	log                  *slog.Logger
 	hostNet              bool
 	hostname             string
-	spec                 controller.Spec
-	st                   *controller.Status
+	// processLabel and mountLabel are the pod's SELinux labels ("" without SELinux).
+	processLabel, mountLabel string
+	spec                     controller.Spec
+	st                       *controller.Status
 	// start is when the controller was asked for the sandbox: the ready log's duration.
 	start time.Time
 	ph    phases
@@ -51,6 +53,12 @@ func (s *Service) RunPodSandbox(ctx context.Context, req *runtime.RunPodSandboxR
 	}
 	defer onFailure(&retErr, func() { s.podNames.release(r.nameKey, r.id) })
 
+	// 1b. The pod's SELinux labels: its level is reserved from here.
+	if r.processLabel, r.mountLabel, err = s.podSELinuxLabels(r); err != nil {
+		return nil, err
+	}
+	defer onFailure(&retErr, func() { s.labels.release(r.processLabel) })
+
 	// 2. The controller: netns, CNI, shim, pause. It undoes its own steps on failure.
 	if err := s.createSandbox(ctx, r); err != nil {
 		return nil, err
@@ -58,7 +66,7 @@ func (s *Service) RunPodSandbox(ctx context.Context, req *runtime.RunPodSandboxR
 	defer onFailure(&retErr, func() { s.removeFailedSandbox(r) })
 
 	// 3. The /dev/shm the pod's containers share (with its IPC namespace).
-	if err := s.mountShm(r.id, r.cfg); err != nil {
+	if err := s.mountShm(r.id, r.cfg, r.mountLabel); err != nil {
 		return nil, err
 	}
 	defer onFailure(&retErr, func() { s.unmountShm(r.id) })
@@ -202,13 +210,15 @@ func (s *Service) sandboxSpec(r *podRun) (controller.Spec, error) {
 		UID:         md.GetUid(),
 		HostNetwork: r.hostNet,
 		Sandbox: &options.SandboxOptions{
-			Hostname:    podHostname(r.hostname, r.hostNet),
-			Network:     options.NamespaceMode(nsOpts.GetNetwork()),
-			Pid:         options.NamespaceMode(nsOpts.GetPid()),
-			Ipc:         options.NamespaceMode(nsOpts.GetIpc()),
-			Uts:         uts,
-			Sysctls:     sysctls,
-			OomScoreAdj: pauseOOMScoreAdj,
+			Hostname:     podHostname(r.hostname, r.hostNet),
+			Network:      options.NamespaceMode(nsOpts.GetNetwork()),
+			Pid:          options.NamespaceMode(nsOpts.GetPid()),
+			Ipc:          options.NamespaceMode(nsOpts.GetIpc()),
+			Uts:          uts,
+			Sysctls:      sysctls,
+			OomScoreAdj:  pauseOOMScoreAdj,
+			SelinuxLabel: pauseLabel(r),
+			MountLabel:   r.mountLabel,
 		},
 		Annotations:  cfg.GetAnnotations(),
 		CgroupParent: cfg.GetLinux().GetCgroupParent(),
@@ -247,7 +257,7 @@ func portMappings(cfg *runtime.PodSandboxConfig) []network.PortMapping {
 // undone by removing the pod's directory.
 func (s *Service) writePodFiles(r *podRun) error {
 	end := r.ph.start(metrics.PhasePodFiles)
-	err := podFiles(s.podDir(r.id), r.hostname, r.st.IP, r.cfg, r.hostNet)
+	err := podFiles(s.podDir(r.id), r.hostname, r.st.IP, r.cfg, r.hostNet, r.mountLabel)
 	end()
 	if err != nil {
 		return fmt.Errorf("prepare files of pod %s: %w", r.id, err)
@@ -262,7 +272,8 @@ func newRunPod(r *podRun) (*pod, error) {
 		return nil, fmt.Errorf("encode pod config: %w", err)
 	}
 	return &pod{
-		rec:     podRecord{ID: r.id, Handler: r.handler, CreatedAt: r.st.CreatedAt.UnixNano(), Config: raw},
+		rec: podRecord{ID: r.id, Handler: r.handler, CreatedAt: r.st.CreatedAt.UnixNano(), Config: raw,
+			ProcessLabel: r.processLabel, MountLabel: r.mountLabel},
 		config:  r.cfg,
 		nameKey: r.nameKey,
 	}, nil
@@ -305,4 +316,29 @@ func (s *Service) podRunDone(r *podRun, begin time.Time) {
 	s.metrics.ObservePodStart(time.Since(begin))
 	r.ph.observe(s.metrics.ObservePodStartPhase)
 	r.log.Info("pod sandbox ready", "ip", r.st.IP, "duration", time.Since(r.start))
+}
+
+// podSELinuxLabels allocates the pod's SELinux labels from its seLinuxOptions; undone
+// by s.labels.release. Without SELinux labelling they are "", and options the pod
+// sets are ignored with a warning, as containerd ignores them.
+func (s *Service) podSELinuxLabels(r *podRun) (process, mount string, err error) {
+	opts := r.cfg.GetLinux().GetSecurityContext().GetSelinuxOptions()
+	process, mount, err = s.labels.podLabels(opts)
+	if err != nil {
+		return "", "", fmt.Errorf("SELinux labels of pod %s: %w", r.id, err)
+	}
+	if process == "" && (opts.GetUser() != "" || opts.GetRole() != "" || opts.GetType() != "" || opts.GetLevel() != "") {
+		r.log.Warn("pod seLinuxOptions ignored: SELinux labelling is off on this node (enable_selinux, or the host has no SELinux)")
+	}
+	return process, mount, nil
+}
+
+// pauseLabel is the pause process's label: the pod's, or none for a privileged pod,
+// whose pause keeps the shim's domain as containerd's does (its label stays recorded
+// so that the level is freed with the pod).
+func pauseLabel(r *podRun) string {
+	if r.cfg.GetLinux().GetSecurityContext().GetPrivileged() {
+		return ""
+	}
+	return r.processLabel
 }

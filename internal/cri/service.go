@@ -63,6 +63,9 @@ type Service struct {
 	cdi *spec.CDI
 	// apparmor is the host's AppArmor (nil: none, or disable_apparmor).
 	apparmor spec.AppArmor
+	// labels hands out pods' and containers' SELinux labels and keeps their levels
+	// reserved; every label is "" when SELinux is off or enable_selinux is false.
+	labels *selinuxLabels
 	// nri relays pod and container events to NRI plugins and applies their
 	// adjustments (nil: NRI is off). Set by SetNRI before serving.
 	nri *nri.NRI
@@ -122,6 +125,11 @@ type podRecord struct {
 	// (protojson of LinuxContainerResources).
 	Overhead  json.RawMessage `json:"overhead,omitempty"`
 	Resources json.RawMessage `json:"resources,omitempty"`
+	// ProcessLabel and MountLabel are the pod's SELinux labels ("" without SELinux):
+	// kept so that a restarted criserver reserves the pod's level again and gives
+	// the pod's later containers the same level.
+	ProcessLabel string `json:"process_label,omitempty"`
+	MountLabel   string `json:"mount_label,omitempty"`
 }
 
 // New returns the CRI service over a controller.
@@ -138,7 +146,8 @@ func New(cfg config.Config, st *store.Store, ctrl *controller.Controller, net *n
 	}
 	bg, stop := context.WithCancel(context.Background())
 	svc := &Service{cfg: cfg, store: st, ctrl: ctrl, net: net, images: images, log: log, rroSupported: rro, usernsSupported: userns, cdi: spec.NewCDI(cfg.CDI.SpecDirs), podNames: newNameIndex("pod"), ctrNames: newNameIndex("container"), pods: map[string]*pod{}, containers: map[string]*container{},
-		bg: bg, stopBG: stop}
+		bg: bg, stopBG: stop, labels: newSELinuxLabels(selinuxLib{})}
+	initSELinux(cfg, log)
 	if aa := apparmor.New(cfg.DisableAppArmor); aa != nil {
 		svc.apparmor = aa
 		// Loaded now so that a broken apparmor_parser shows at start; every create

@@ -23,12 +23,13 @@ func (s *Service) podShm(p *pod) string {
 }
 
 // mountShm gives the pod a tmpfs its containers share as /dev/shm, like the IPC
-// namespace they share; host-IPC pods use the host's /dev/shm.
-func (s *Service) mountShm(id string, cfg *runtime.PodSandboxConfig) error {
+// namespace they share, with the pod's SELinux mount label; host-IPC pods use the
+// host's /dev/shm.
+func (s *Service) mountShm(id string, cfg *runtime.PodSandboxConfig, mountLabel string) error {
 	if cfg.GetLinux().GetSecurityContext().GetNamespaceOptions().GetIpc() == runtime.NamespaceMode_NODE {
 		return nil
 	}
-	if err := podfiles.MountShm(s.shmPath(id)); err != nil {
+	if err := podfiles.MountShm(s.shmPath(id), mountLabel); err != nil {
 		return fmt.Errorf("pod %s: %w", id, err)
 	}
 	return nil

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/opencontainers/selinux/go-selinux/label"
 	"golang.org/x/sys/unix"
 
 	"github.com/crisp-runtime/crisp/internal/atomicfile"
@@ -114,12 +115,13 @@ func ResolvConf(dns DNS) ([]byte, error) {
 	return b.Bytes(), nil
 }
 
-// MountShm mounts a pod's /dev/shm tmpfs at path, creating the directory.
-func MountShm(path string) error {
+// MountShm mounts a pod's /dev/shm tmpfs at path, creating the directory; a non-empty
+// mountLabel is its SELinux context (context=), so the pod's containers may use it.
+func MountShm(path, mountLabel string) error {
 	if err := os.MkdirAll(path, 0o700); err != nil {
 		return fmt.Errorf("create pod shm dir: %w", err)
 	}
-	if err := unix.Mount("shm", path, "tmpfs", unix.MS_NOEXEC|unix.MS_NOSUID|unix.MS_NODEV, ShmOptions); err != nil {
+	if err := unix.Mount("shm", path, "tmpfs", unix.MS_NOEXEC|unix.MS_NOSUID|unix.MS_NODEV, label.FormatMountLabel(ShmOptions, mountLabel)); err != nil {
 		return fmt.Errorf("mount pod /dev/shm at %s: %w", path, err)
 	}
 	return nil

@@ -65,7 +65,7 @@ func TestShmMountAndRemove(t *testing.T) {
 	testutil.RequiresRoot(t, "mounts a tmpfs")
 	dir := t.TempDir()
 	shm := filepath.Join(dir, ShmDir)
-	if err := MountShm(shm); err != nil {
+	if err := MountShm(shm, ""); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(shm, "seg"), []byte("x"), 0o600); err != nil {

@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -20,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/opencontainers/selinux/go-selinux"
 	"golang.org/x/sys/unix"
 )
 
@@ -62,6 +64,27 @@ type directRunner struct{}
 func (directRunner) Start(c *exec.Cmd) error { return c.Start() }
 func (directRunner) Wait(c *exec.Cmd) error  { return c.Wait() }
 
+// labelledRunner starts processes with an SELinux exec label: set on a thread of its
+// own that forks, which the child inherits and its exec applies. The thread is never
+// unlocked, so Go ends it afterwards and no later process starts with the label.
+type labelledRunner struct {
+	Runner
+	label string
+}
+
+func (l labelledRunner) Start(c *exec.Cmd) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := selinux.SetExecLabel(l.label); err != nil {
+			errc <- fmt.Errorf("set SELinux exec label %s: %w", l.label, err)
+			return
+		}
+		errc <- l.Runner.Start(c)
+	}()
+	return <-errc
+}
+
 // Config describes the namespaces the pause process creates or joins.
 type Config struct {
 	// NetNSPath is a network namespace file to join; empty keeps the shim's (host) one.
@@ -88,6 +111,9 @@ type Config struct {
 	ReadyTimeout time.Duration
 	// Executable defaults to /proc/self/exe, which carries the constructor.
 	Executable string
+	// SELinuxLabel, when set, is the process label the pause runs with (the pod's):
+	// the kernel applies it at the exec, as runc applies a container's.
+	SELinuxLabel string
 	// Runner defaults to exec.Cmd's own Start and Wait.
 	Runner Runner
 }
@@ -126,6 +152,9 @@ func Start(ctx context.Context, cfg Config) (*Process, error) {
 	runner := cfg.Runner
 	if runner == nil {
 		runner = directRunner{}
+	}
+	if cfg.SELinuxLabel != "" {
+		runner = labelledRunner{Runner: runner, label: cfg.SELinuxLabel}
 	}
 	exe := cfg.Executable
 	if exe == "" {

@@ -35,7 +35,9 @@ type podSpec struct {
 	joinUserNS bool
 	cgroup     CgroupConfig
 	oomScore   int
-	modes      string // for status info: "network=pod,pid=pod,..."
+	// selinuxLabel is the pause process's SELinux label ("" keeps the shim's).
+	selinuxLabel string
+	modes        string // for status info: "network=pod,pid=pod,..."
 }
 
 const (
@@ -160,6 +162,7 @@ func buildSpec(id, netnsPath string, o *optionsv1.SandboxOptions) (podSpec, erro
 		return spec, invalid("oom_score_adj %d out of range [-1000, 1000]", s)
 	}
 	spec.oomScore = int(o.GetOomScoreAdj())
+	spec.selinuxLabel = o.GetSelinuxLabel()
 	return spec, nil
 }
 

@@ -235,6 +235,8 @@ func (s *Service) StartSandbox(ctx context.Context, req *sandboxapi.StartSandbox
 		NewNet:    spec.newNet,
 		UserNS:    spec.userns,
 		Runner:    s.runner,
+
+		SELinuxLabel: spec.selinuxLabel,
 	}
 	if spec.joinUserNS {
 		cfg.UserNS, cfg.JoinUserNS = nil, true
@@ -582,7 +584,7 @@ func (s *Service) writePodFiles(spec podSpec, pod podfiles.Pod) (podfiles.Paths,
 		return podfiles.Paths{}, kindf(errdefs.ErrInternal, "pod files: %v", err)
 	}
 	if spec.newIPC {
-		if err := podfiles.MountShm(filepath.Join(dir, podfiles.ShmDir)); err != nil {
+		if err := podfiles.MountShm(filepath.Join(dir, podfiles.ShmDir), ""); err != nil {
 			_ = podfiles.Remove(dir)
 			return podfiles.Paths{}, kindf(errdefs.ErrInternal, "%v", err)
 		}

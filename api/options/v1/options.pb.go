@@ -105,7 +105,13 @@ type SandboxOptions struct {
 	// (netns_path must be empty) and the controller pins it after StartSandbox. A pod
 	// with network NODE (and uts NODE) keeps the host's network and UTS namespaces
 	// and gets its own IPC and PID namespaces inside the user namespace.
-	Userns        *UserNamespace `protobuf:"bytes,10,opt,name=userns,proto3" json:"userns,omitempty"`
+	Userns *UserNamespace `protobuf:"bytes,10,opt,name=userns,proto3" json:"userns,omitempty"`
+	// selinux_label is the SELinux process label the pause process runs with (the
+	// pod's: the container type at the pod's MCS level); empty keeps the shim's.
+	SelinuxLabel string `protobuf:"bytes,11,opt,name=selinux_label,json=selinuxLabel,proto3" json:"selinux_label,omitempty"`
+	// mount_label is the pod's SELinux file label, for what the shim mounts for the
+	// pod (a task-only shim's pause container: linux.mountLabel); empty for none.
+	MountLabel    string `protobuf:"bytes,12,opt,name=mount_label,json=mountLabel,proto3" json:"mount_label,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -208,6 +214,20 @@ func (x *SandboxOptions) GetUserns() *UserNamespace {
 		return x.Userns
 	}
 	return nil
+}
+
+func (x *SandboxOptions) GetSelinuxLabel() string {
+	if x != nil {
+		return x.SelinuxLabel
+	}
+	return ""
+}
+
+func (x *SandboxOptions) GetMountLabel() string {
+	if x != nil {
+		return x.MountLabel
+	}
+	return ""
 }
 
 // UserNamespace is a pod's user namespace: one uid and one gid range, container id 0
@@ -678,7 +698,7 @@ var File_api_options_v1_options_proto protoreflect.FileDescriptor
 
 const file_api_options_v1_options_proto_rawDesc = "" +
 	"\n" +
-	"\x1capi/options/v1/options.proto\x12\x10crisp.options.v1\"\xae\x04\n" +
+	"\x1capi/options/v1/options.proto\x12\x10crisp.options.v1\"\xf4\x04\n" +
 	"\x0eSandboxOptions\x12\x1a\n" +
 	"\bhostname\x18\x01 \x01(\tR\bhostname\x129\n" +
 	"\anetwork\x18\x02 \x01(\x0e2\x1f.crisp.options.v1.NamespaceModeR\anetwork\x121\n" +
@@ -690,7 +710,10 @@ const file_api_options_v1_options_proto_rawDesc = "" +
 	"\room_score_adj\x18\b \x01(\x05R\voomScoreAdj\x121\n" +
 	"\x03uts\x18\t \x01(\x0e2\x1f.crisp.options.v1.NamespaceModeR\x03uts\x127\n" +
 	"\x06userns\x18\n" +
-	" \x01(\v2\x1f.crisp.options.v1.UserNamespaceR\x06userns\x1a:\n" +
+	" \x01(\v2\x1f.crisp.options.v1.UserNamespaceR\x06userns\x12#\n" +
+	"\rselinux_label\x18\v \x01(\tR\fselinuxLabel\x12\x1f\n" +
+	"\vmount_label\x18\f \x01(\tR\n" +
+	"mountLabel\x1a:\n" +
 	"\fSysctlsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"q\n" +

@@ -254,7 +254,7 @@ func criMount(m *runtime.Mount, rroSupported bool) (bindMount, error) {
 			opts = append(opts, o)
 		}
 	}
-	// selinux_relabel is ignored: crisp does not run SELinux (see README).
+	// selinux_relabel is the caller's to apply, from Result.Relabel (see selinux.go).
 	return bindMount{
 		src:         src,
 		dst:         dst,

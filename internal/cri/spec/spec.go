@@ -71,6 +71,11 @@ type Input struct {
 	// annotations); nil is CDI turned off, and a container that requests a CDI
 	// device is refused.
 	CDI *CDI
+	// ProcessLabel and MountLabel are the container's SELinux labels ("" when crisp
+	// does not label: enable_selinux off or no SELinux on the host). A privileged
+	// container runs without its process label, as in containerd: the policy moves
+	// it to its privileged type (spc_t) when the runtime starts it.
+	ProcessLabel, MountLabel string
 }
 
 // Result is the generated spec and what the caller reports or logs about it.
@@ -79,6 +84,10 @@ type Result struct {
 	Spec *specs.Spec
 	// User is what ContainerStatus reports as the container's user.
 	User UserInfo
+	// Relabel are the host paths of the mounts kubelet asked to relabel
+	// (selinux_relabel), symlinks resolved: the caller gives them MountLabel. Empty
+	// when the container has no MountLabel.
+	Relabel []string
 	// Warnings name settings that were adjusted or ignored (clamped oom_score_adj, a
 	// seccomp profile on a privileged container, limits the host cannot enforce, ...).
 	Warnings []string
@@ -92,8 +101,9 @@ type Result struct {
 // errdefs.ErrFailedPrecondition). Generate only reads the host (the rootfs's user
 // files, mount host paths, devices, seccomp profiles, /proc and /sys facts).
 //
-// Not mapped, on purpose: SELinux (crisp does not apply labels; SELinux options yield
-// a warning), image VOLUMEs (they
+// SELinux labels are the caller's (Input.ProcessLabel, MountLabel: allocating them
+// reserves a level); without them SELinux options yield a warning. Not mapped, on
+// purpose: image VOLUMEs (they
 // stay ordinary directories of the writable rootfs, like CRI-O's image_volumes=ignore),
 // and stdin/stdin_once (they concern the caller's IO, not the spec). CDI devices are
 // applied last, over the rest, as containerd's WithCDI does; an unknown one is
@@ -197,10 +207,17 @@ func Generate(in Input) (*Result, error) {
 		return nil, err
 	}
 	warnings = append(warnings, secWarnings...)
+	relabel, seWarning, err := applySELinux(s, in, privileged)
+	if err != nil {
+		return nil, err
+	}
+	if seWarning != "" {
+		warnings = append(warnings, seWarning)
+	}
 	if err := in.CDI.injectCDI(s, cfg); err != nil {
 		return nil, err
 	}
-	return &Result{Spec: s, User: ident, Warnings: warnings}, nil
+	return &Result{Spec: s, User: ident, Warnings: warnings, Relabel: relabel}, nil
 }
 
 // processFor makes the container's process from its config and its image's: the
@@ -312,7 +329,7 @@ func deviceAccess(cfg *runtime.ContainerConfig, privileged bool) ([]specs.LinuxD
 
 // applySecurityProfiles sets the container's seccomp filter and AppArmor profile on s,
 // which must be otherwise complete (the default seccomp profile depends on its
-// capabilities), and returns the warnings they and ignored SELinux options give.
+// capabilities), and returns the warnings they give.
 func applySecurityProfiles(s *specs.Spec, sc *runtime.LinuxContainerSecurityContext, aa AppArmor) ([]string, error) {
 	var warnings []string
 	seccompFilter, warning, err := seccompFor(sc, s)
@@ -328,9 +345,6 @@ func applySecurityProfiles(s *specs.Spec, sc *runtime.LinuxContainerSecurityCont
 	}
 	if warning != "" {
 		warnings = append(warnings, warning)
-	}
-	if se := sc.GetSelinuxOptions(); se.GetType() != "" || se.GetLevel() != "" || se.GetRole() != "" || se.GetUser() != "" {
-		warnings = append(warnings, "SELinux options ignored: crisp does not apply SELinux labels")
 	}
 	return warnings, nil
 }
