@@ -62,6 +62,8 @@ type Host struct {
 	NATChain func(v6 bool, chain string) (string, error)
 	// AppArmor is the host's AppArmor as criserver would use it (nil: none).
 	AppArmor func() AppArmor
+	// SELinux is the host's SELinux (its zero value: none).
+	SELinux func() SELinux
 }
 
 // AppArmor is what the AppArmor check asks of the host's (package apparmor).
@@ -90,6 +92,7 @@ func Default() Host {
 			}
 			return nil
 		},
+		SELinux: hostSELinux,
 	}
 }
 
@@ -108,6 +111,7 @@ func Run(cfg config.Config, h Host) []Result {
 	out = append(out, checkShims(h, cfg)...)
 	out = append(out, checkSysctls(h)...)
 	out = append(out, checkAppArmor(h, cfg.DisableAppArmor))
+	out = append(out, checkSELinux(h, cfg.EnableSELinux))
 	return out
 }
 

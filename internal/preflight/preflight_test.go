@@ -422,3 +422,34 @@ func TestAppArmor(t *testing.T) {
 		})
 	}
 }
+
+func TestSELinux(t *testing.T) {
+	const proc, file = "system_u:system_r:container_t:s0:c1,c2", "system_u:object_r:container_file_t:s0:c1,c2"
+	for _, tc := range []struct {
+		name    string
+		se      SELinux
+		enabled bool
+		want    Status
+		detail  string
+	}{
+		{"host without", SELinux{}, true, OK, "not enabled on this host"},
+		{"enforcing", SELinux{Mode: "enforcing", Process: proc, File: file}, true, OK, "enforcing; each pod gets its own MCS level: processes " + proc},
+		{"permissive", SELinux{Mode: "permissive", Process: proc, File: file}, true, OK, "permissive;"},
+		{"switched off", SELinux{Mode: "enforcing", Process: proc, File: file}, false, Warn, "enable_selinux is false"},
+		{"no container contexts", SELinux{Mode: "enforcing"}, true, Warn, "names no container contexts"},
+		{"module not loaded", SELinux{Mode: "enforcing", Process: proc, Invalid: errors.New("invalid argument")}, true, Warn, "rejects the container label"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := fakeHost(t, nil)
+			h.SELinux = func() SELinux { return tc.se }
+			r := checkSELinux(h, tc.enabled)
+			if r.Status != tc.want || !strings.Contains(r.Detail, tc.detail) {
+				t.Errorf("%v %q, want %v containing %q", r.Status, r.Detail, tc.want, tc.detail)
+			}
+		})
+	}
+	// The real host: this one may or may not run SELinux; the check must not fail.
+	if r := checkSELinux(Default(), true); r.Status == Fail {
+		t.Errorf("host check failed: %q", r.Detail)
+	}
+}
