@@ -14,6 +14,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/cgroups"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
@@ -242,6 +243,14 @@ func (s *Service) StartSandbox(ctx context.Context, req *sandboxapi.StartSandbox
 		cfg.UserNS, cfg.JoinUserNS = nil, true
 	}
 	p, err = pause.Start(ctx, cfg)
+	if err != nil && cfg.SELinuxLabel != "" && errors.Is(err, unix.EACCES) {
+		// The policy lets the pod's type enter no file of this binary's label: the pause
+		// (which runs nothing of the pod's) keeps the shim's domain; the containers,
+		// which run the pod's code, are labelled all the same.
+		s.log.Warn("the pause process cannot run with the pod's SELinux label (the policy allows no entrypoint of the shim's binary for it); it keeps the shim's", "label", cfg.SELinuxLabel, "error", err)
+		cfg.SELinuxLabel = ""
+		p, err = pause.Start(ctx, cfg)
+	}
 	if err != nil {
 		return nil, kindf(errdefs.ErrInternal, "start sandbox %q: %v", s.id, err)
 	}
