@@ -16,6 +16,7 @@ import (
 	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/opencontainers/selinux/go-selinux"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -170,8 +171,9 @@ func (p PauseBundle) spec() (*specs.Spec, error) {
 			NoNewPrivileges: true,
 			Capabilities:    &specs.LinuxCapabilities{},
 			OOMScoreAdj:     &oom,
-			// The pod's SELinux labels, as containerd puts them in its pause's spec.
-			SelinuxLabel: o.GetSelinuxLabel(),
+			// The pod's SELinux labels, as containerd puts them in its pause's spec,
+			// when the pause binary may enter the pod's type (see pauseLabel).
+			SelinuxLabel: p.pauseLabel(),
 		},
 		Root:     &specs.Root{Path: "rootfs", Readonly: true},
 		Hostname: hostname,
@@ -197,6 +199,27 @@ func (p PauseBundle) spec() (*specs.Spec, error) {
 			ReadonlyPaths: []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"},
 		},
 	}, nil
+}
+
+// pauseLabel is the pause's process label: the pod's, when the pause binary carries
+// the pod's file type (the only type the container policies let the container type
+// enter; containerd's pause comes from an image mounted with that type); else none,
+// so that the pause keeps the shim's domain instead of failing to start.
+func (p PauseBundle) pauseLabel() string {
+	o := p.Options
+	if o.GetSelinuxLabel() == "" {
+		return ""
+	}
+	l, err := selinux.FileLabel(p.Binary)
+	if err != nil {
+		return ""
+	}
+	f, ferr := selinux.NewContext(l)
+	m, merr := selinux.NewContext(o.GetMountLabel())
+	if ferr != nil || merr != nil || f["type"] == "" || f["type"] != m["type"] {
+		return ""
+	}
+	return o.GetSelinuxLabel()
 }
 
 // Write puts config.json and an empty rootfs into bundle.

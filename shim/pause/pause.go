@@ -64,6 +64,34 @@ type directRunner struct{}
 func (directRunner) Start(c *exec.Cmd) error { return c.Start() }
 func (directRunner) Wait(c *exec.Cmd) error  { return c.Wait() }
 
+// CanEnter reports whether a process of a pod with file label mountLabel may have
+// this binary as its entrypoint: the container policies let the container type enter
+// only files of the container file type, which the binary then must carry (the
+// level aside: the pod's dominates s0). Without SELinux, or with no label, false.
+func CanEnter(mountLabel string) bool {
+	if mountLabel == "" {
+		return false
+	}
+	exe, err := selinux.FileLabel("/proc/self/exe")
+	if err != nil {
+		return false
+	}
+	return EntrypointOf(exe, mountLabel)
+}
+
+// EntrypointOf reports whether a file labelled fileLabel has the type of mountLabel.
+func EntrypointOf(fileLabel, mountLabel string) bool {
+	f, err := selinux.NewContext(fileLabel)
+	if err != nil {
+		return false
+	}
+	m, err := selinux.NewContext(mountLabel)
+	if err != nil {
+		return false
+	}
+	return f["type"] != "" && f["type"] == m["type"]
+}
+
 // labelledRunner starts processes with an SELinux exec label: set on a thread of its
 // own that forks, which the child inherits and its exec applies. The thread is never
 // unlocked, so Go ends it afterwards and no later process starts with the label.

@@ -373,3 +373,26 @@ func pauseChildren(t *testing.T) []string {
 	}
 	return out
 }
+
+// TestEntrypointOf: the pause may take the pod's label only from a binary of the
+// pod's file type, whatever the levels.
+func TestEntrypointOf(t *testing.T) {
+	const pod = "system_u:object_r:container_file_t:s0:c1,c2"
+	for _, tc := range []struct {
+		file string
+		want bool
+	}{
+		{"system_u:object_r:container_file_t:s0", true},
+		{"system_u:object_r:bin_t:s0", false},
+		{"system_u:object_r:container_engine_exec_t:s0", false},
+		{"", false},
+		{"garbage", false},
+	} {
+		if got := EntrypointOf(tc.file, pod); got != tc.want {
+			t.Errorf("EntrypointOf(%q) = %v, want %v", tc.file, got, tc.want)
+		}
+	}
+	if CanEnter("") {
+		t.Error("CanEnter without a label")
+	}
+}

@@ -35,9 +35,10 @@ type podSpec struct {
 	joinUserNS bool
 	cgroup     CgroupConfig
 	oomScore   int
-	// selinuxLabel is the pause process's SELinux label ("" keeps the shim's).
-	selinuxLabel string
-	modes        string // for status info: "network=pod,pid=pod,..."
+	// selinuxLabel is the pause process's SELinux label ("" keeps the shim's);
+	// mountLabel is the pod's file label.
+	selinuxLabel, mountLabel string
+	modes                    string // for status info: "network=pod,pid=pod,..."
 }
 
 const (
@@ -163,6 +164,7 @@ func buildSpec(id, netnsPath string, o *optionsv1.SandboxOptions) (podSpec, erro
 	}
 	spec.oomScore = int(o.GetOomScoreAdj())
 	spec.selinuxLabel = o.GetSelinuxLabel()
+	spec.mountLabel = o.GetMountLabel()
 	return spec, nil
 }
 

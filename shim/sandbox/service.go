@@ -14,7 +14,6 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/cgroups"
-	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
@@ -242,12 +241,18 @@ func (s *Service) StartSandbox(ctx context.Context, req *sandboxapi.StartSandbox
 	if spec.joinUserNS {
 		cfg.UserNS, cfg.JoinUserNS = nil, true
 	}
+	if cfg.SELinuxLabel != "" && !pause.CanEnter(spec.mountLabel) {
+		// The pod's type may enter only files of the pod's file type (container_t:
+		// container_file_t), and this binary is not one: the pause (which runs nothing
+		// of the pod's) keeps the shim's domain; the containers are labelled all the same.
+		s.log.Info("the pause keeps the shim's SELinux domain: the shim's binary is no entrypoint of the pod's type", "label", cfg.SELinuxLabel)
+		cfg.SELinuxLabel = ""
+	}
 	p, err = pause.Start(ctx, cfg)
-	if err != nil && cfg.SELinuxLabel != "" && errors.Is(err, unix.EACCES) {
-		// The policy lets the pod's type enter no file of this binary's label: the pause
-		// (which runs nothing of the pod's) keeps the shim's domain; the containers,
-		// which run the pod's code, are labelled all the same.
-		s.log.Warn("the pause process cannot run with the pod's SELinux label (the policy allows no entrypoint of the shim's binary for it); it keeps the shim's", "label", cfg.SELinuxLabel, "error", err)
+	if err != nil && cfg.SELinuxLabel != "" {
+		// The policy refused the pause something in the pod's type (entering it, or
+		// setting up the pod's namespaces there): it keeps the shim's domain.
+		s.log.Warn("the pause process cannot run with the pod's SELinux label; it keeps the shim's", "label", cfg.SELinuxLabel, "error", err)
 		cfg.SELinuxLabel = ""
 		p, err = pause.Start(ctx, cfg)
 	}
