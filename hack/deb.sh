@@ -33,6 +33,10 @@ ln -s shim-runc "$stage/usr/bin/containerd-shim-crisp-v1"
 # Debian 12 packages ship units in /lib/systemd/system (merged /usr or not).
 install -D -m 0644 contrib/systemd/crisp.service "$stage/lib/systemd/system/crisp.service"
 install -D -m 0644 "$src/config.toml" "$stage/etc/crisp/config.toml"
+# SELinux: crisp's file contexts (postinst installs them where SELinux is on) and the
+# state directory systemd-tmpfiles creates, labelled, at boot.
+install -D -m 0644 "$src/crisp.cil" "$stage/usr/share/crisp/selinux/crisp.cil"
+install -D -m 0644 "$src/tmpfiles.conf" "$stage/usr/lib/tmpfiles.d/crisp.conf"
 install -D -m 0644 "$src/crictl.yaml" "$stage/usr/share/doc/crisp/examples/crictl.yaml"
 install -D -m 0644 README.md "$stage/usr/share/doc/crisp/README.md"
 # Debian policy 12.5: the licence in machine-readable form, next to the docs.

@@ -36,6 +36,8 @@ var packageFiles = []string{
 	"/usr/share/man/man8/shim-runc.8.gz",
 	"/usr/share/man/man8/containerd-shim-crisp-v1.8.gz",
 	"/usr/share/man/man5/crisp-config.toml.5.gz",
+	"/usr/share/crisp/selinux/crisp.cil",
+	"/usr/lib/tmpfiles.d/crisp.conf",
 }
 
 const packageConffile = "/etc/crisp/config.toml"
