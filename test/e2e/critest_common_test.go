@@ -31,6 +31,9 @@ type critestSpec struct {
 			LineNumber int
 		}
 	}
+	// excluded is the reason of the --ginkgo.skip entry that names the spec, if any
+	// (execCritest sets it).
+	excluded string
 }
 
 // kind is the spec's outcome: passed, failed (also panicked, timed out, interrupted),
@@ -44,7 +47,7 @@ func (s critestSpec) kind() string {
 		if s.Failure.Message != "" {
 			return "skipped"
 		}
-		if s.excludedWhy() != "" {
+		if s.excluded != "" {
 			return "excluded"
 		}
 		return "not selected"
@@ -52,10 +55,10 @@ func (s critestSpec) kind() string {
 	return "failed"
 }
 
-// excludedWhy is the reason critestSkips or nodeCritestSkips gives for the spec, if one
-// is part of its full name (as --ginkgo.skip matches it).
-func (s critestSpec) excludedWhy() string {
-	for _, x := range append(append(critestSkips[:0:0], critestSkips...), nodeCritestSkips...) {
+// excludedWhy is the reason of the entry of skips that names the spec, if one is part
+// of its full name (as --ginkgo.skip matches it).
+func (s critestSpec) excludedWhy(skips []struct{ spec, why string }) string {
+	for _, x := range skips {
 		if strings.Contains(s.name(), x.spec) {
 			return x.why
 		}
@@ -69,8 +72,8 @@ func (s critestSpec) name() string {
 
 // reason is the first lines of the spec's failure or skip message and where it was.
 func (s critestSpec) reason() string {
-	if why := s.excludedWhy(); why != "" && s.State == "skipped" {
-		return why
+	if s.excluded != "" && s.State == "skipped" {
+		return s.excluded
 	}
 	msg := strings.TrimSpace(s.Failure.Message)
 	if lines := strings.Split(msg, "\n"); len(lines) > 6 {
@@ -108,13 +111,14 @@ func critestSkipRegexp(skips []struct{ spec, why string }) string {
 	return strings.Join(quoted, "|")
 }
 
-// execCritest runs critest with args in dir (critest runs ipcmk and reads its config
+// execCritest runs critest with args and a --ginkgo.skip of skips in dir (critest runs ipcmk and reads its config
 // relative to its working directory) with env added to the test's environment, its
 // output to logPath and its JSON report to report (args must ask for it:
 // --ginkgo.json-report), and returns the specs by name.
 // The System V shared memory segments its host IPC specs make (ipcmk) are removed.
-func execCritest(t *testing.T, critest, dir string, args, env []string, logPath, report string) map[string]critestSpec {
+func execCritest(t *testing.T, critest, dir string, args []string, skips []struct{ spec, why string }, env []string, logPath, report string) map[string]critestSpec {
 	t.Helper()
+	args = append(args[:len(args):len(args)], "--ginkgo.skip", critestSkipRegexp(skips))
 	_ = os.Remove(report)
 	logf, err := os.Create(logPath)
 	if err != nil {
@@ -151,6 +155,9 @@ func execCritest(t *testing.T, critest, dir string, args, env []string, logPath,
 					t.Errorf("critest's %s %s: %s", s.LeafNodeType, s.State, s.reason())
 				}
 				continue
+			}
+			if s.Failure.Message == "" {
+				s.excluded = s.excludedWhy(skips)
 			}
 			res[s.name()] = s
 		}
