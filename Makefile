@@ -130,15 +130,18 @@ test: lint deps criu containerd gvisor critest
 
 # test-node runs the node tests (NODE_RUN of NODE_PKG: e2e's TestNode*) on a real node
 # (root; hack/nodevm.sh): a Debian 12 qemu guest from Debian's packages with systemd as
-# PID 1, cgroup v2 and AppArmor, booted fresh for each cgroup driver in NODE_DRIVERS,
-# the package from `make deb` installed in it with dpkg -i. The upgrade tests start
+# PID 1 and cgroup v2, of each flavour in NODE_FLAVOURS: apparmor (AppArmor on, booted
+# fresh for each cgroup driver in NODE_DRIVERS) and selinux (SELinux enforcing with the
+# reference policy and its container module, the systemd driver), the package from
+# `make deb` installed in it with dpkg -i. The upgrade tests start
 # from the package of NODE_OLD_REV (298699c: the first commit with `make deb`), built
 # from a temporary git worktree and cached by commit; the image is cached in
-# /var/cache/crisp/nodevm-<key>. NODE_TEST_TIMEOUT (25m) bounds each suite; the guests
+# /var/cache/crisp/nodevm-<flavour>-<key>. NODE_TEST_TIMEOUT (25m) bounds each suite; the guests
 # run at once (NODE_PARALLEL=0: one after the other); results and logs in NODE_DIR
 # (hack/nodevm/test-node.sh says which).
 NODE_DIR          ?= $(BINDIR)/node
 NODE_OLD_REV      ?= 298699c86fbac485b3a51c949490fc6261979132
+NODE_FLAVOURS     ?= apparmor selinux
 NODE_DRIVERS      ?= systemd cgroupfs
 NODE_TEST_TIMEOUT ?= 25m
 NODE_PKG          ?= ./test/e2e
@@ -152,7 +155,7 @@ test-node:
 	rm -rf $(NODE_DIR)/deb $(NODE_DIR)/node.test
 	$(MAKE) --no-print-directory deb BINDIR=$(NODE_DIR)/bin DEBDIR=$(NODE_DIR)/deb
 	CGO_ENABLED=1 $(GO) test -c -tags '$(TAGS) node' -o $(NODE_DIR)/node.test $(NODE_PKG)
-	NODE_DRIVERS='$(NODE_DRIVERS)' NODE_TEST_TIMEOUT='$(NODE_TEST_TIMEOUT)' \
+	NODE_FLAVOURS='$(NODE_FLAVOURS)' NODE_DRIVERS='$(NODE_DRIVERS)' NODE_TEST_TIMEOUT='$(NODE_TEST_TIMEOUT)' \
 		NODE_PKG='$(NODE_PKG)' NODE_RUN='$(NODE_RUN)' NODE_PARALLEL='$(NODE_PARALLEL)' \
 		hack/nodevm/test-node.sh $(NODE_DIR) $(NODE_OLD_REV)
 

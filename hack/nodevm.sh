@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # nodevm.sh: a real Kubernetes node to test crisp on, as a qemu guest: Debian 12 from
-# Debian's packages only, systemd 252 as PID 1, cgroup v2 alone, AppArmor on, 16 2 MiB
-# hugepages, loopback only (no network device). `make test-node` uses it.
+# Debian's packages only, systemd 252 as PID 1, cgroup v2 alone, 16 2 MiB hugepages,
+# loopback only (no network device), and the LSM of its flavour (NODEVM_FLAVOUR):
+#   apparmor (the default)  AppArmor on, as Debian boots
+#   selinux                 SELinux enforcing with the reference policy
+#                           (selinux-policy-default) and its container module, AppArmor
+#                           off; the files labelled at build (nodevm/image/selinux/)
+# `make test-node` uses it.
 #
 #   hack/nodevm.sh image      build the image unless cached; prints its cache dir
 #   hack/nodevm.sh run DIR    boot a fresh guest, run DIR/run.sh in it, exit with its code
@@ -10,16 +15,20 @@
 #   hack/nodevm.sh prune      remove cached images other than the current one (a new
 #                             image's build does it too), but those a guest runs on
 #
-# The image. nodevm/image/build.sh installs nodevm/image/packages with mmdebstrap into a
-# directory, shapes it with nodevm/image/customize.sh (root autologin on ttyS0, host
-# name crisp-node, the runner unit) and makes a raw ext4 image of it with mkfs.ext4 -d.
-# It is cached in $NODEVM_CACHE/nodevm-<key>/ (/var/cache/crisp): rootfs.img, vmlinuz,
-# initrd.img (booted directly, no bootloader), manifest (package versions). The key
-# hashes every file under nodevm/image/, so a changed package list or customization
-# builds a new image; a cached one is reused as is (the mirror moving on does not
+# The image. nodevm/image/build.sh installs nodevm/image/packages and the flavour's
+# nodevm/image/<flavour>/packages with mmdebstrap into a directory, shapes it with
+# nodevm/image/customize.sh (root autologin on ttyS0, host name crisp-node, the runner
+# unit) and the flavour's own scripts, and makes a raw ext4 image of it with mkfs.ext4
+# -d. Each flavour's image is cached in $NODEVM_CACHE/nodevm-<flavour>-<key>/
+# (/var/cache/crisp): rootfs.img, vmlinuz, initrd.img (booted directly, no
+# bootloader), cmdline (the flavour's kernel arguments), manifest (package versions).
+# The key hashes the files of nodevm/image/ and nodevm/image/<flavour>/, so a changed
+# package list or customization builds a new image; a cached one is reused as is (the
+# mirror moving on does not
 # rebuild it: remove its directory for that). A build goes to a temp dir, must pass the
 # smoke check in a guest, and only then is renamed into place: an interrupted or broken
-# build is never taken for a cached one. Here: ~60-130 s cold, then ~20 s of smoke check.
+# build is never taken for a cached one. Builds take $NODEVM_CACHE/nodevm.lock, so one
+# runs at a time. Here: ~60-700 s cold (the mirror's speed), then ~20 s of smoke check.
 #
 # How the guest differs from a Debian 12 node installed the usual way: no network device
 # (loopback only; /etc/resolv.conf points at 127.0.0.1), no bootloader (qemu loads the
@@ -30,12 +39,14 @@
 #
 # The guest. Every boot gets a fresh qcow2 overlay on the cached image (removed after),
 # so it starts from the clean image. 2 vCPUs (NODEVM_CPUS), 3 GiB (NODEVM_MEM, MiB),
-# kernel command line `root=/dev/vda rw console=ttyS0,115200 hugepages=16 panic=10`.
+# kernel command line `root=/dev/vda rw console=ttyS0,115200 hugepages=16 panic=10` and
+# the flavour's (selinux: `security=selinux selinux=1 enforcing=1 apparmor=0`).
 # The serial console is copied to DIR/out/serial.log.
 #
 # The command channel is a 9p share (qemu -virtfs, virtio-9p): the host's DIR is the
 # guest's /mnt/host, read-write, files created as root. crisp-nodevm-run.service
-# (After=multi-user.target) mounts it and, when it holds run.sh, runs
+# (After=multi-user.target) mounts it (under SELinux with context=...:nfs_t:s0: 9p
+# carries no labels) and, when it holds run.sh, runs
 # `bash ./run.sh` as root in /mnt/host with stdin /dev/null and env
 # NODEVM_SHARE=/mnt/host NODEVM_OUT=/mnt/host/out; stdout and stderr go to out/run.log
 # (readable on the host while it runs), the exit code to out/rc, then the guest powers
@@ -64,6 +75,7 @@ accel_file=$cache/nodevm-accel
 cpus=${NODEVM_CPUS:-2}
 mem=${NODEVM_MEM:-3072}
 cmdline='root=/dev/vda rw console=ttyS0,115200 hugepages=16 panic=10'
+flavour=${NODEVM_FLAVOUR:-apparmor}
 
 log() { echo "nodevm: $*" >&2; }
 die() { log "$*"; exit 1; }
@@ -84,10 +96,17 @@ kvm_probe=$(seconds "${NODEVM_KVM_PROBE_TIMEOUT:-40}")
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 fmt_s() { printf '%d.%d' $(( $1 / 1000 )) $(( $1 % 1000 / 100 )); } # ms -> s.d
 
-# The cache key: every file under nodevm/image/, by name and content.
+# image_key FLAVOUR: that flavour's cache key: the files of nodevm/image/ and of its
+# nodevm/image/FLAVOUR/, by name and content.
 image_key() {
-	(cd "$src" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum) |
-		sha256sum | cut -c1-16
+	[ -f "$src/$1/packages" ] || die "unknown flavour $1 (NODEVM_FLAVOUR: $(flavours | xargs))"
+	(cd "$src" && find . "./$1" -maxdepth 1 -type f -print0 | LC_ALL=C sort -z |
+		xargs -0 sha256sum) | sha256sum | cut -c1-16
+}
+# flavours: every flavour nodevm/image/ has, one a line.
+flavours() {
+	local d
+	for d in "$src"/*/packages; do d=${d%/packages}; echo "${d##*/}"; done
 }
 
 # State of the one guest (or image build) this process runs at a time; cleanup()
@@ -147,7 +166,7 @@ qemu_args() {
 	qargs=(qemu-system-x86_64 -name crisp-nodevm -machine q35 "${acc[@]}"
 		-smp "$cpus" -m "$mem" -nodefaults -no-user-config -display none -vga none
 		-no-reboot -nic none
-		-kernel "$2/vmlinuz" -initrd "$2/initrd.img" -append "$cmdline $5"
+		-kernel "$2/vmlinuz" -initrd "$2/initrd.img" -append "$cmdline $(cat "$2/cmdline") $5"
 		-drive "file=$3,format=qcow2,if=virtio,cache=unsafe,discard=unmap"
 		-virtfs "local,path=$4,mount_tag=host,security_model=none,id=host"
 		-device virtio-rng-pci)
@@ -265,13 +284,15 @@ result() {
 	return 125
 }
 
-# prune: removes the cached images but the current one, unless a qemu boots from one.
+# prune: removes the cached images but each flavour's current one, unless a qemu boots
+# from one.
 prune() {
-	local key d
-	key=$(image_key)
+	local f d keep=" "
+	for f in $(flavours); do keep+="$cache/nodevm-$f-$(image_key "$f") "; done
 	for d in "$cache"/nodevm-*/; do
 		d=${d%/}
-		case $d in "$cache/nodevm-$key" | *.tmp.*) continue ;; esac
+		case $d in *.tmp.* | */nodevm-failed-check-*) continue ;; esac
+		case $keep in *" $d "*) continue ;; esac
 		if grep -qsF "$d/" /proc/[0-9]*/cmdline; then
 			log "keeping $d: a guest is running on it"
 			continue
@@ -284,8 +305,8 @@ prune() {
 # ensure_image: sets imgdir to the cached image, building it first if needed.
 ensure_image() {
 	local key tmp t0 build_ms rc
-	key=$(image_key)
-	imgdir=$cache/nodevm-$key
+	key=$(image_key "$flavour")
+	imgdir=$cache/nodevm-$flavour-$key
 	if [ -f "$imgdir/rootfs.img" ]; then return 0; fi
 	mkdir -p "$cache"
 	exec 9>"$cache/nodevm.lock"
@@ -297,16 +318,16 @@ ensure_image() {
 	done
 	tmp=$imgdir.tmp.$$
 	btmp=$tmp
-	log "building the image (key $key) in $tmp"
+	log "building the $flavour image (key $key) in $tmp"
 	t0=$(now_ms)
-	setsid "$src/build.sh" "$tmp" >"$cache/nodevm-build.log" 2>&1 &
+	setsid "$src/build.sh" "$tmp" "$flavour" >"$cache/nodevm-build-$flavour.log" 2>&1 &
 	bpid=$!
 	rc=0
 	wait "$bpid" || rc=$?
 	bpid=
 	if [ "$rc" != 0 ]; then
-		tail -n 30 "$cache/nodevm-build.log" >&2
-		die "image build failed (log: $cache/nodevm-build.log)"
+		tail -n 30 "$cache/nodevm-build-$flavour.log" >&2
+		die "image build failed (log: $cache/nodevm-build-$flavour.log)"
 	fi
 	build_ms=$(( $(now_ms) - t0 ))
 	log "image built in $(fmt_s "$build_ms") s; smoke check in a guest"
@@ -318,9 +339,9 @@ ensure_image() {
 	result "$share" || rc=$?
 	cat "$share/out/run.log" >&2 2>/dev/null || true
 	if [ "$rc" != 0 ]; then
-		rm -rf "$cache/nodevm-failed-check"
-		mv "$share" "$cache/nodevm-failed-check"
-		die "the new image failed its smoke check (its output: $cache/nodevm-failed-check/out)"
+		rm -rf "$cache/nodevm-failed-check-$flavour"
+		mv "$share" "$cache/nodevm-failed-check-$flavour"
+		die "the new image failed its smoke check (its output: $cache/nodevm-failed-check-$flavour/out)"
 	fi
 	printf 'build_s=%s\ncheck_boot_s=%s\naccel=%s\n' "$(fmt_s "$build_ms")" \
 		"$(fmt_s "$boot_ms")" "$accel" > "$tmp/build.times"

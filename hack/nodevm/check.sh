@@ -2,8 +2,10 @@
 # check.sh: the node VM's smoke check, run inside the guest as run.sh (hack/nodevm.sh
 # runs it on every new image before caching it, and on `hack/nodevm.sh check`). Fails
 # unless the guest is what crisp's node tests need: systemd as PID 1 with the boot
-# finished and no failed unit, cgroup v2 alone, AppArmor on with profiles loaded,
-# 2 MiB hugepages reserved, loopback up, kubeadm's sysctls, the 9p share writable.
+# finished and no failed unit, cgroup v2 alone, the flavour's LSM (/etc/crisp-nodevm-flavour:
+# apparmor: AppArmor on with profiles loaded; selinux: SELinux enforcing, the container
+# module loaded, the files labelled, AppArmor off), 2 MiB hugepages reserved, loopback
+# up, kubeadm's sysctls, the 9p share writable.
 set -u
 fail=0
 check() { # check NAME COMMAND...: prints NAME ok/FAIL
@@ -27,9 +29,27 @@ echo "cgroup controllers: $(cat /sys/fs/cgroup/cgroup.controllers)"
 for c in cpu memory pids io hugetlb cpuset; do
 	check "cgroup controller $c" grep -qw "$c" /sys/fs/cgroup/cgroup.controllers
 done
-check "AppArmor enabled (aa-enabled)" aa-enabled -q
-n=$(wc -l < /sys/kernel/security/apparmor/profiles 2>/dev/null || echo 0)
-check "AppArmor profiles loaded ($n)" test "$n" -gt 0
+flavour=$(cat /etc/crisp-nodevm-flavour 2>/dev/null)
+echo "flavour $flavour; LSMs: $(cat /sys/kernel/security/lsm 2>/dev/null)"
+case $flavour in
+apparmor)
+	check "AppArmor enabled (aa-enabled)" aa-enabled -q
+	n=$(wc -l < /sys/kernel/security/apparmor/profiles 2>/dev/null || echo 0)
+	check "AppArmor profiles loaded ($n)" test "$n" -gt 0
+	;;
+selinux)
+	sestatus 2>&1 | sed 's/^/  /'
+	check "SELinux enforcing (getenforce)" test "$(getenforce 2>/dev/null)" = Enforcing
+	check "the container module loaded" sh -c 'semodule -l | grep -qx container'
+	check "container_t in the policy (seinfo)" sh -c 'seinfo -t container_t 2>/dev/null | grep -qw container_t'
+	check "the root labelled (root_t)" sh -c 'stat -c %C / | grep -q :root_t:'
+	check "/etc/passwd labelled (etc_t)" sh -c 'stat -c %C /etc/passwd | grep -q :etc_t:'
+	check "the share labelled nfs_t" sh -c 'stat -c %C "$NODEVM_SHARE" | grep -q :nfs_t:'
+	check "auditd running" systemctl -q is-active auditd.service
+	check "AppArmor off" test ! -e /sys/kernel/security/apparmor/profiles
+	;;
+*) check "a known flavour ($flavour)" false ;;
+esac
 check "16 hugepages of 2 MiB" grep -q '^HugePages_Total: *16$' /proc/meminfo
 check "loopback up" sh -c "ip -o addr show dev lo | grep -q 'inet 127.0.0.1/8'"
 check "9p share writable" sh -c 'echo ok > "$NODEVM_OUT/check.w" && rm "$NODEVM_OUT/check.w"'

@@ -7,7 +7,8 @@
 #   CRISP_NODE_OLD_DEB=/root/node/old/crisp_<v>.deb ./node.test -test.v -test.timeout <t> \
 #   -test.run <NODE_RUN>
 # Its output is the runner's out/run.log; out/suite_s gets the suite's time, and a failure
-# leaves out/journal-crisp.log, out/dmesg.log and out/failed-units.log.
+# leaves out/journal-crisp.log, out/dmesg.log and out/failed-units.log. Under SELinux
+# out/avc.log gets every AVC denial of the run (ausearch -m avc), failed or not.
 set -u
 # NODE_DRIVER, NODE_DEB, NODE_OLD_DEB (file names), NODE_TEST_TIMEOUT, NODE_RUN.
 . ./node.env
@@ -19,10 +20,17 @@ logs() {
 	dmesg > "$out/dmesg.log" 2>&1
 	systemctl --failed --no-pager > "$out/failed-units.log" 2>&1
 }
+avcs() {
+	if [ -e /sys/fs/selinux/enforce ]; then
+		ausearch -m avc -i > "$out/avc.log" 2>&1
+		step "$(grep -c '^type=AVC' "$out/avc.log") AVC denials in the audit log (out/avc.log)"
+	fi
+}
 fail() {
 	step "FAIL: $*"
 	systemctl status crisp --no-pager 2>&1 | head -20
 	logs
+	avcs
 	exit 1
 }
 
@@ -62,4 +70,5 @@ ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 printf '%d.%d\n' $(( ms / 1000 )) $(( ms % 1000 / 100 )) > "$out/suite_s"
 step "node.test exited $rc"
 if [ "$rc" != 0 ]; then logs; fi
+avcs
 exit "$rc"

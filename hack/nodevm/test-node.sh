@@ -5,26 +5,31 @@
 # the commit whose package the upgrade tests start from (nodevm/old-deb.sh builds and
 # caches it; its version must sort below this one).
 #
-# For each cgroup driver in NODE_DRIVERS ("systemd cgroupfs") it boots a fresh guest
-# (hack/nodevm.sh run) on the share NODE_DIR/run-<driver>/: node.test, node.env,
+# For each flavour of the guest in NODE_FLAVOURS ("apparmor selinux": hack/nodevm.sh's
+# NODEVM_FLAVOUR) and each of its cgroup drivers (apparmor: NODE_DRIVERS, "systemd
+# cgroupfs"; selinux: systemd, the driver of the nodes that enforce SELinux) it boots a
+# fresh guest (hack/nodevm.sh run) on the share NODE_DIR/run-<flavour>-<driver>/: node.test, node.env,
 # deb/<the package>, old/<the old package>, run.sh = nodevm/node-run.sh, and testdata/
 # when NODE_PKG has one. Inside, /mnt/host is that share; node-run.sh copies the files
 # to /root/node and runs node.test there (see it for the environment). Each guest gets
 # NODE_TEST_TIMEOUT (25m) for the suite and 5 minutes more for its boot and the install
-# (NODEVM_TIMEOUT). The guests run at once (NODE_PARALLEL=0: one after the other). On
+# (NODEVM_TIMEOUT). The flavours' images are built first (one at a time), then the
+# guests run at once (NODE_PARALLEL=0: one after the other). On
 # this 2-core host each of two TCG guests runs at half speed (2 vCPUs each), so CPU-bound
 # work takes as long in total either way (two driver runs of a fixed CPU load: 71 s at
 # once, 79 s in turn), but boots, installs and every wait in the tests overlap: the
 # node suite took 234 s at once and 330 s in turn (and, with two tests waiting out
 # 120 s timeouts, 374 s against 641 s). Prints per
-# driver the boot time, the suite's time and its PASS/FAIL/SKIP counts; fails if any
-# run failed. Logs stay in NODE_DIR/run-<driver>/out/: run.log, serial.log and, after a
-# failure, journal-crisp.log, dmesg.log, failed-units.log.
+# flavour and driver the boot time, the suite's time and its PASS/FAIL/SKIP counts;
+# fails if any run failed. Logs stay in NODE_DIR/run-<flavour>-<driver>/out/: run.log,
+# serial.log and, after a failure, journal-crisp.log, dmesg.log, failed-units.log (and
+# under SELinux audit.log).
 set -euo pipefail
 dir=$(cd "${1:?usage: test-node.sh NODE_DIR OLD_REV}" && pwd)
 old_rev=${2:?usage: test-node.sh NODE_DIR OLD_REV}
 hack=$(cd "$(dirname "$0")/.." && pwd)
 repo=$(cd "$hack/.." && pwd)
+flavours=${NODE_FLAVOURS:-apparmor selinux}
 drivers=${NODE_DRIVERS:-systemd cgroupfs}
 test_timeout=${NODE_TEST_TIMEOUT:-25m}
 parallel=${NODE_PARALLEL:-1}
@@ -46,7 +51,16 @@ dpkg --compare-versions "$old_version" lt "$version" ||
 	die "the old package's version $old_version ($old_rev) does not sort below $version"
 log "package $version, upgrades from $old_version ($old_rev)"
 
-"$hack/nodevm.sh" image >/dev/null
+# runs: every guest to boot, as <flavour>-<driver>.
+runs=()
+for f in $flavours; do
+	case $f in
+	apparmor) for d in $drivers; do runs+=("$f-$d"); done ;;
+	selinux) runs+=("$f-systemd") ;;
+	*) die "NODE_FLAVOURS: unknown flavour $f (apparmor, selinux)" ;;
+	esac
+	NODEVM_FLAVOUR=$f "$hack/nodevm.sh" image >/dev/null
+done
 
 case $test_timeout in
 *m) guest_timeout=$(( ${test_timeout%m} + 5 ))m ;;
@@ -62,7 +76,7 @@ stop_children() {
 trap 'stop_children; exit 130' INT
 trap 'stop_children; exit 143' TERM
 
-prepare() { # prepare DRIVER: the share of that driver's guest
+prepare() { # prepare RUN: the share of that run's guest (RUN: <flavour>-<driver>)
 	local s=$dir/run-$1
 	rm -rf "$s"
 	mkdir -p "$s/deb" "$s/old"
@@ -76,25 +90,27 @@ prepare() { # prepare DRIVER: the share of that driver's guest
 	CRISP_CRITEST_IMAGES_EXPORT=$s/critest-images "$dir/node.test" -test.run '^TestCritestImagesExport$' \
 		> "$s/critest-images.log" 2>&1 || die "critest's images: see $s/critest-images.log"
 	printf 'NODE_DRIVER=%q\nNODE_DEB=%q\nNODE_OLD_DEB=%q\nNODE_TEST_TIMEOUT=%q\nNODE_RUN=%q\n' \
-		"$1" "${deb##*/}" "${old_deb##*/}" "$test_timeout" "$run" > "$s/node.env"
+		"${1#*-}" "${deb##*/}" "${old_deb##*/}" "$test_timeout" "$run" > "$s/node.env"
 }
 
 declare -A rc
-for d in $drivers; do
+for d in "${runs[@]}"; do
 	prepare "$d"
 	if [ "$parallel" = 1 ]; then
 		log "$d: booting (output in $dir/run-$d.log)"
-		NODEVM_TIMEOUT=$guest_timeout "$hack/nodevm.sh" run "$dir/run-$d" > "$dir/run-$d.log" 2>&1 &
+		NODEVM_FLAVOUR=${d%%-*} NODEVM_TIMEOUT=$guest_timeout \
+			"$hack/nodevm.sh" run "$dir/run-$d" > "$dir/run-$d.log" 2>&1 &
 		pids+=($!)
 	else
 		log "$d: booting"
 		rc[$d]=0
-		NODEVM_TIMEOUT=$guest_timeout "$hack/nodevm.sh" run "$dir/run-$d" || rc[$d]=$?
+		NODEVM_FLAVOUR=${d%%-*} NODEVM_TIMEOUT=$guest_timeout \
+			"$hack/nodevm.sh" run "$dir/run-$d" || rc[$d]=$?
 	fi
 done
 if [ "$parallel" = 1 ]; then
 	i=0
-	for d in $drivers; do
+	for d in "${runs[@]}"; do
 		rc[$d]=0
 		wait "${pids[$i]}" || rc[$d]=$?
 		i=$(( i + 1 ))
@@ -105,16 +121,17 @@ fi
 
 value() { sed -n "s/^$1=//p" "$2" 2>/dev/null; }
 failed=0
-printf '\n%-9s %-6s %8s %8s %6s %6s %6s\n' driver result boot_s suite_s pass fail skip
-for d in $drivers; do
+printf '\n%-9s %-9s %-6s %8s %8s %6s %6s %6s\n' flavour driver result boot_s suite_s pass fail skip
+for d in "${runs[@]}"; do
 	out=$dir/run-$d/out
 	count() { grep -cE "^[[:space:]]*--- $1:" "$out/run.log" 2>/dev/null || true; }
 	res=PASS
 	if [ "${rc[$d]}" != 0 ]; then res=FAIL failed=1; fi
-	printf '%-9s %-6s %8s %8s %6s %6s %6s\n' "$d" "$res" "$(value boot_s "$out/nodevm.times")" \
+	printf '%-9s %-9s %-6s %8s %8s %6s %6s %6s\n' "${d%%-*}" "${d#*-}" "$res" \
+		"$(value boot_s "$out/nodevm.times")" \
 		"$(cat "$out/suite_s" 2>/dev/null || echo -)" "$(count PASS)" "$(count FAIL)" "$(count SKIP)"
 done
-for d in $drivers; do
+for d in "${runs[@]}"; do
 	[ "${rc[$d]}" != 0 ] || continue
 	out=$dir/run-$d/out
 	echo

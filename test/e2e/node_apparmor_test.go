@@ -50,6 +50,9 @@ profile ` + name + ` flags=(attach_disconnected,mediate_deleted) {
 func TestNodeAppArmor(t *testing.T) {
 	e := newNodeEnv(t)
 	ctx := ctxT(t)
+	if f := nodeFlavour(); f != "apparmor" {
+		t.Skipf("the node VM of flavour %q runs no AppArmor", f)
+	}
 	if !exists("/sys/kernel/security/apparmor/profiles") {
 		t.Fatal("the node VM has no AppArmor: the image or the kernel command line lost it")
 	}

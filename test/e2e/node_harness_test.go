@@ -17,7 +17,8 @@ import (
 )
 
 // The node tests (TestNode*) run inside the node VM that `make test-node` boots
-// (hack/nodevm.sh): Debian 12 with systemd as PID 1, cgroup v2 and AppArmor, crisp
+// (hack/nodevm.sh): Debian 12 with systemd as PID 1, cgroup v2 and the LSM of the
+// guest's flavour (AppArmor, or SELinux enforcing: nodeFlavour), crisp
 // installed from its .deb and started by systemctl. They drive that installed service
 // and skip everywhere else. The VM's run script sets:
 //   - CRISP_NODE=1
@@ -33,6 +34,17 @@ func nodeDriver() string {
 		return d
 	}
 	return "cgroupfs"
+}
+
+// nodeFlavour is the node VM's flavour, which says the LSM the guest runs: "apparmor"
+// or "selinux" (hack/nodevm.sh's NODEVM_FLAVOUR; the image records it in
+// /etc/crisp-nodevm-flavour). Empty outside the node VM.
+func nodeFlavour() string {
+	data, err := os.ReadFile("/etc/crisp-nodevm-flavour")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(data))
 }
 
 // newNodeEnv connects to the installed crisp service; each test's pods and kubelet

@@ -1,24 +1,34 @@
 #!/usr/bin/env bash
-# build.sh OUTDIR: build the node VM's image into OUTDIR (hack/nodevm.sh image calls it
-# on a temp dir and renames that into the cache). Only Debian 12's packages: mmdebstrap
-# installs the list in ./packages into OUTDIR/tree, ./customize.sh shapes it, and
-# mkfs.ext4 -d copies the tree into a raw ext4 image (no loop mount needed). Leaves in
-# OUTDIR: rootfs.img, vmlinuz, initrd.img (the guest's kernel and initrd, booted
-# directly), manifest (every installed package and version) and packages (the list).
+# build.sh OUTDIR FLAVOUR: build the node VM's image of FLAVOUR (apparmor, selinux: a
+# directory beside this script) into OUTDIR (hack/nodevm.sh image calls it on a temp
+# dir and renames that into the cache). Only Debian 12's packages: mmdebstrap installs
+# the lists ./packages and FLAVOUR/packages into OUTDIR/tree, ./customize.sh and then
+# FLAVOUR/customize.sh (if any) shape it, FLAVOUR/finish.sh (if any) gets the finished
+# tree, and mkfs.ext4 -d copies the tree, extended attributes included, into a raw ext4
+# image (no loop mount needed). Leaves in OUTDIR: rootfs.img, vmlinuz, initrd.img (the
+# guest's kernel and initrd, booted directly), cmdline (the flavour's kernel arguments),
+# manifest (every installed package and version) and packages (the lists).
 # NODEVM_MIRROR (http://deb.debian.org) picks the mirror.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=$1
+flavour=${2:?usage: build.sh OUTDIR FLAVOUR}
+[ -f "$here/$flavour/packages" ] || { echo "build.sh: no flavour $flavour ($here/$flavour/packages)" >&2; exit 2; }
 mirror=${NODEVM_MIRROR:-http://deb.debian.org}
 # The root file system: the tree plus room for what tests unpack (images, containers).
 size=8G
 
 mkdir -p "$out"
 tree=$out/tree
-pkgs=$(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$here/packages" | tr -s ' \n' ',,' | sed 's/,$//')
+pkgs=$(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$here/packages" "$here/$flavour/packages" |
+	tr -s ' \n' ',,' | sed 's/,$//')
+hooks=(--customize-hook="$here/customize.sh \"\$1\"")
+if [ -x "$here/$flavour/customize.sh" ]; then
+	hooks+=(--customize-hook="$here/$flavour/customize.sh \"\$1\"")
+fi
 mmdebstrap --variant=minbase --include="$pkgs" \
 	--aptopt='Acquire::Languages "none"' \
-	--customize-hook="$here/customize.sh \"\$1\"" \
+	"${hooks[@]}" \
 	bookworm "$tree" \
 	"deb $mirror/debian bookworm main" \
 	"deb $mirror/debian bookworm-updates main" \
@@ -35,6 +45,8 @@ cat > "$tree/etc/hosts" <<'HOSTS'
 HOSTS
 rm -f "$tree/etc/resolv.conf"
 echo 'nameserver 127.0.0.1' > "$tree/etc/resolv.conf"
+# The guest's scripts (nodevm/check.sh, the node tests' harness) read which it is.
+echo "$flavour" > "$tree/etc/crisp-nodevm-flavour"
 
 vmlinuz=$(ls "$tree"/boot/vmlinuz-* | sort -V | tail -1)
 kver=${vmlinuz##*/vmlinuz-}
@@ -42,7 +54,10 @@ install -m 0644 "$vmlinuz" "$out/vmlinuz"
 install -m 0644 "$tree/boot/initrd.img-$kver" "$out/initrd.img"
 echo "$kver" > "$out/kernel-version"
 chroot "$tree" dpkg-query -W -f '${Package} ${Version}\n' > "$out/manifest"
-cp "$here/packages" "$out/packages"
+cat "$here/packages" "$here/$flavour/packages" > "$out/packages"
+sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$here/$flavour/cmdline" | tr -s ' \n' '  ' |
+	sed 's/ $//' > "$out/cmdline"
+if [ -x "$here/$flavour/finish.sh" ]; then "$here/$flavour/finish.sh" "$tree"; fi
 
 truncate -s "$size" "$out/rootfs.img"
 mkfs.ext4 -q -F -L crisp-node -d "$tree" "$out/rootfs.img"
