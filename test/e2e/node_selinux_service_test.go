@@ -136,8 +136,9 @@ func procLabel(t *testing.T, pid int) string {
 // procType is the type (the domain) of a process's SELinux context.
 func procType(t *testing.T, pid int) string { return labelType(procLabel(t, pid)) }
 
-// avcsSince lists the audit log's AVC records since a time that contain any of the
-// given strings.
+// avcsSince lists the audit log's AVC records since a time whose event contains any
+// of the given strings: an AVC record names only the command (comm), its event's
+// SYSCALL record (the same msg=audit(time:serial)) the executable (exe).
 func avcsSince(t *testing.T, since time.Time, needles ...string) []string {
 	t.Helper()
 	f, err := os.Open("/var/log/audit/audit.log")
@@ -145,29 +146,44 @@ func avcsSince(t *testing.T, since time.Time, needles ...string) []string {
 		t.Fatalf("the audit log: %v", err)
 	}
 	defer f.Close()
-	var out []string
+	avcs := map[string][]string{} // event (time:serial) -> its AVC records
+	matched := map[string]bool{}  // events with a record naming a needle
+	var order []string
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.HasPrefix(line, "type=AVC ") {
+		// type=AVC msg=audit(1764300000.123:456): avc:  denied ...
+		_, rest, ok := strings.Cut(line, " msg=audit(")
+		if !ok {
 			continue
 		}
-		// type=AVC msg=audit(1764300000.123:456): avc:  denied ...
-		stamp, _, ok := strings.Cut(strings.TrimPrefix(line, "type=AVC msg=audit("), ":")
+		event, _, ok := strings.Cut(rest, ")")
+		stamp, _, _ := strings.Cut(event, ":")
 		sec, err := strconv.ParseFloat(stamp, 64)
 		if !ok || err != nil || sec < float64(since.Unix()-1) {
 			continue
 		}
+		if strings.HasPrefix(line, "type=AVC ") {
+			if avcs[event] == nil {
+				order = append(order, event)
+			}
+			avcs[event] = append(avcs[event], line)
+		}
 		for _, s := range needles {
 			if strings.Contains(line, s) {
-				out = append(out, line)
-				break
+				matched[event] = true
 			}
 		}
 	}
 	if err := sc.Err(); err != nil {
 		t.Fatalf("read the audit log: %v", err)
+	}
+	var out []string
+	for _, ev := range order {
+		if matched[ev] {
+			out = append(out, avcs[ev]...)
+		}
 	}
 	return out
 }
