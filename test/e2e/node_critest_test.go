@@ -3,7 +3,6 @@ package e2e
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
-	"github.com/pelletier/go-toml/v2"
 
 	"github.com/crisp-runtime/crisp/internal/image/imagetest"
 )
@@ -93,52 +91,21 @@ func pushCritestImages(t *testing.T, dir, host string) {
 // comes back, with a restart, when the test ends.
 func (e *env) nodeMirror(mirror string, upstreams []string) {
 	e.t.Helper()
-	orig, err := os.ReadFile(e.cfgPath)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	cfg := map[string]any{}
-	if err := toml.Unmarshal(orig, &cfg); err != nil {
-		e.t.Fatalf("%s: %v", e.cfgPath, err)
-	}
-	reg, _ := cfg["registry"].(map[string]any)
-	if reg == nil {
-		reg = map[string]any{}
-		cfg["registry"] = reg
-	}
-	mirrors, _ := reg["mirrors"].(map[string]any)
-	if mirrors == nil {
-		mirrors = map[string]any{}
-		reg["mirrors"] = mirrors
-	}
-	for _, up := range upstreams {
-		mirrors[up] = []string{mirror}
-	}
-	b, err := toml.Marshal(cfg)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(func() {
-		if err := os.WriteFile(e.cfgPath, orig, 0o644); err != nil {
-			e.t.Errorf("restore %s: %v", e.cfgPath, err)
-			return
+	e.editNodeConfig(func(cfg map[string]any) {
+		reg, _ := cfg["registry"].(map[string]any)
+		if reg == nil {
+			reg = map[string]any{}
+			cfg["registry"] = reg
 		}
-		if e.conn != nil {
-			e.conn.Close()
-			e.conn = nil
+		mirrors, _ := reg["mirrors"].(map[string]any)
+		if mirrors == nil {
+			mirrors = map[string]any{}
+			reg["mirrors"] = mirrors
 		}
-		if out, err := exec.Command("systemctl", "restart", "crisp.service").CombinedOutput(); err != nil {
-			e.t.Errorf("restart crisp with the config restored: %v: %s", err, out)
-			return
-		}
-		if err := e.connect(2 * time.Minute); err != nil {
-			e.t.Errorf("crisp does not answer after the config was restored: %v", err)
+		for _, up := range upstreams {
+			mirrors[up] = []string{mirror}
 		}
 	})
-	if err := os.WriteFile(e.cfgPath, b, 0o644); err != nil {
-		e.t.Fatal(err)
-	}
-	e.restartService("restart")
 }
 
 // nodeCritestRun is one critest run of TestNodeCritest.

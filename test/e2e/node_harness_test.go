@@ -13,6 +13,7 @@ import (
 
 	"github.com/opencontainers/cgroups"
 	cgmanager "github.com/opencontainers/cgroups/manager"
+	"github.com/pelletier/go-toml/v2"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -250,6 +251,47 @@ func systemctl(t *testing.T, args ...string) {
 	if out, err := exec.Command("systemctl", args...).CombinedOutput(); err != nil {
 		t.Fatalf("systemctl %s: %v: %s", strings.Join(args, " "), err, out)
 	}
+}
+
+// editNodeConfig changes the installed service's config (/etc/crisp/config.toml) with
+// edit and restarts the service; the config as it was comes back, with a restart,
+// when the test ends.
+func (e *env) editNodeConfig(edit func(cfg map[string]any)) {
+	e.t.Helper()
+	orig, err := os.ReadFile(e.cfgPath)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	cfg := map[string]any{}
+	if err := toml.Unmarshal(orig, &cfg); err != nil {
+		e.t.Fatalf("%s: %v", e.cfgPath, err)
+	}
+	edit(cfg)
+	b, err := toml.Marshal(cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() {
+		if err := os.WriteFile(e.cfgPath, orig, 0o644); err != nil {
+			e.t.Errorf("restore %s: %v", e.cfgPath, err)
+			return
+		}
+		if e.conn != nil {
+			e.conn.Close()
+			e.conn = nil
+		}
+		if out, err := exec.Command("systemctl", "restart", "crisp.service").CombinedOutput(); err != nil {
+			e.t.Errorf("restart crisp with the config restored: %v: %s", err, out)
+			return
+		}
+		if err := e.connect(2 * time.Minute); err != nil {
+			e.t.Errorf("crisp does not answer after the config was restored: %v", err)
+		}
+	})
+	if err := os.WriteFile(e.cfgPath, b, 0o644); err != nil {
+		e.t.Fatal(err)
+	}
+	e.restartService("restart")
 }
 
 // restartService runs systemctl with args on crisp.service and reconnects.

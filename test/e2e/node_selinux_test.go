@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/opencontainers/selinux/go-selinux"
-	"github.com/pelletier/go-toml/v2"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -262,28 +261,5 @@ func TestNodeSELinuxCost(t *testing.T) {
 // the config as it was comes back, with a restart, when the test ends.
 func (e *env) seSetEnabled(on bool) {
 	e.t.Helper()
-	orig, err := os.ReadFile(e.cfgPath)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	cfg := map[string]any{}
-	if err := toml.Unmarshal(orig, &cfg); err != nil {
-		e.t.Fatalf("%s: %v", e.cfgPath, err)
-	}
-	cfg["enable_selinux"] = on
-	b, err := toml.Marshal(cfg)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if err := os.WriteFile(e.cfgPath, b, 0o644); err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(func() {
-		if err := os.WriteFile(e.cfgPath, orig, 0o644); err != nil {
-			e.t.Errorf("restore %s: %v", e.cfgPath, err)
-			return
-		}
-		e.restartService("restart")
-	})
-	e.restartService("restart")
+	e.editNodeConfig(func(cfg map[string]any) { cfg["enable_selinux"] = on })
 }
