@@ -161,6 +161,7 @@ test-node:
 	CGO_ENABLED=1 $(GO) test -c -tags '$(TAGS) node' -o $(NODE_DIR)/node.test $(NODE_PKG)
 	NODE_FLAVOURS='$(NODE_FLAVOURS)' NODE_DRIVERS='$(NODE_DRIVERS)' NODE_TEST_TIMEOUT='$(NODE_TEST_TIMEOUT)' \
 		NODE_PKG='$(NODE_PKG)' NODE_RUN='$(NODE_RUN)' NODE_PARALLEL='$(NODE_PARALLEL)' \
+		NODE_SELINUX_PERMISSIVE='$(NODE_SELINUX_PERMISSIVE)' \
 		hack/nodevm/test-node.sh $(NODE_DIR) $(NODE_OLD_REV)
 
 # chaos runs the fault-injection suite (test/e2e/chaos_test.go and test/e2e/leaks_test.go; root)

@@ -43,6 +43,13 @@ if [ -d testdata ]; then cp -r testdata "$node/"; fi
 # TestNodeCritest's critest and images (test-node.sh's prepare).
 for f in critest critest-images; do if [ -e "$f" ]; then cp -r "$f" "$node/"; fi; done
 
+# A discovery aid for policy work (test-node.sh): the domains in NODE_SELINUX_PERMISSIVE
+# only log their denials.
+if [ -n "${NODE_SELINUX_PERMISSIVE:-}" ] && [ -e /sys/fs/selinux/enforce ]; then
+	for d in $NODE_SELINUX_PERMISSIVE; do echo "(typepermissive $d)"; done > /root/permissive.cil
+	step "permissive: $NODE_SELINUX_PERMISSIVE"
+	semodule -i /root/permissive.cil || fail "semodule -i permissive.cil"
+fi
 step "dpkg -i $NODE_DEB"
 dpkg -i "$node/new/$NODE_DEB" || fail "dpkg -i"
 sed -i "s/^cgroup_driver = .*/cgroup_driver = \"$NODE_DRIVER\"/" /etc/crisp/config.toml

@@ -35,6 +35,9 @@ test_timeout=${NODE_TEST_TIMEOUT:-25m}
 parallel=${NODE_PARALLEL:-1}
 pkg=${NODE_PKG:-./test/e2e}
 run=${NODE_RUN-^TestNode}
+# NODE_SELINUX_PERMISSIVE: SELinux domains (container_engine_t ...) the SELinux guest
+# makes permissive before the tests, to see every denial of a policy change in one run
+# (out/avc.log) rather than the first; never set by `make test`.
 
 log() { echo "test-node: $*" >&2; }
 die() { log "$*"; exit 1; }
@@ -89,8 +92,8 @@ prepare() { # prepare RUN: the share of that run's guest (RUN: <flavour>-<driver
 	"$hack/critest.sh" && cp "${CRITEST_CACHE:-/var/cache/crisp/critest-v1.36.0}/bin/critest" "$s/"
 	CRISP_CRITEST_IMAGES_EXPORT=$s/critest-images "$dir/node.test" -test.run '^TestCritestImagesExport$' \
 		> "$s/critest-images.log" 2>&1 || die "critest's images: see $s/critest-images.log"
-	printf 'NODE_DRIVER=%q\nNODE_DEB=%q\nNODE_OLD_DEB=%q\nNODE_TEST_TIMEOUT=%q\nNODE_RUN=%q\n' \
-		"${1#*-}" "${deb##*/}" "${old_deb##*/}" "$test_timeout" "$run" > "$s/node.env"
+	printf 'NODE_DRIVER=%q\nNODE_DEB=%q\nNODE_OLD_DEB=%q\nNODE_TEST_TIMEOUT=%q\nNODE_RUN=%q\nNODE_SELINUX_PERMISSIVE=%q\n' \
+		"${1#*-}" "${deb##*/}" "${old_deb##*/}" "$test_timeout" "$run" "${NODE_SELINUX_PERMISSIVE:-}" > "$s/node.env"
 }
 
 declare -A rc

@@ -199,3 +199,75 @@ func TestCloseStdinAfterAttachEOF(t *testing.T) {
 		t.Fatal("the process's stdin did not end after CloseIO")
 	}
 }
+
+// TestLabelledOutputPiped: a process with an SELinux label of its own gets pipes, not
+// the caller's FIFOs (whose label its domain may not use); what it writes reaches the
+// FIFOs, stdout and stderr sharing one FIFO included, and the FIFOs reach EOF after
+// its exit. An unlabelled process gets the FIFO itself.
+func TestLabelledOutputPiped(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		labelled bool
+		shared   bool
+	}{
+		{"labelled", true, false},
+		{"labelled, one FIFO for both streams", true, true},
+		{"unlabelled", false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			outPath, outR := testFIFO(t)
+			errPath, errR := outPath, outR
+			if !tc.shared {
+				errPath, errR = testFIFO(t)
+			}
+			lp := &childStdio{}
+			sio, err := openStdio(ioConfig{stdout: outPath, stderr: errPath, labelled: tc.labelled}, lp, slog.New(slog.DiscardHandler))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sio.close()
+			for _, s := range []struct {
+				f    *os.File
+				path string
+			}{{lp.Stdout, outPath}, {lp.Stderr, errPath}} {
+				var st unix.Stat_t
+				if err := unix.Fstat(int(s.f.Fd()), &st); err != nil {
+					t.Fatal(err)
+				}
+				var fifo unix.Stat_t
+				if err := unix.Stat(s.path, &fifo); err != nil {
+					t.Fatal(err)
+				}
+				if isCaller := st.Ino == fifo.Ino && st.Dev == fifo.Dev; isCaller == tc.labelled {
+					t.Errorf("labelled %v: the process's stream is the caller's FIFO: %v", tc.labelled, isCaller)
+				}
+			}
+			out, errw := processEnd(t, lp.Stdout), processEnd(t, lp.Stderr)
+			if err := sio.started(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := out.Write([]byte("to stdout\n")); err != nil {
+				t.Fatal(err)
+			}
+			if got := readFIFOUntil(t, outR, "to stdout\n", 5*time.Second); got != "to stdout\n" {
+				t.Errorf("stdout FIFO got %q", got)
+			}
+			if _, err := errw.Write([]byte("to stderr\n")); err != nil {
+				t.Fatal(err)
+			}
+			if got := readFIFOUntil(t, errR, "to stderr\n", 5*time.Second); got != "to stderr\n" {
+				t.Errorf("stderr FIFO got %q", got)
+			}
+			out.Close()
+			errw.Close()
+			if !sio.drain(5 * time.Second) {
+				t.Fatal("the copies did not end at the process's EOF")
+			}
+			sio.close()
+			// Every writer is gone: the reader sees EOF (0 bytes, no EAGAIN).
+			if n, err := unix.Read(int(outR.Fd()), make([]byte, 8)); n != 0 || err != nil {
+				t.Errorf("stdout FIFO after the exit: read %d, %v; want EOF", n, err)
+			}
+		})
+	}
+}

@@ -78,7 +78,7 @@ func (s *Service) newContainer(req *taskv3.CreateTaskRequest, opts *optionsv1.Co
 		}
 	}()
 	// 2. The init's stdio: the shim's ends stay, the process's go to the helper.
-	p := newProcessState("", initIO(req, c.logw))
+	p := newProcessState("", initIO(req, c.logw, labelledProcess(c.bundle)))
 	var child childStdio
 	sio, err := openStdio(p.io, &child, c.log)
 	if err != nil {
@@ -143,7 +143,7 @@ func (s *Service) newContainerFromCheckpoint(req *taskv3.CreateTaskRequest, opts
 	}
 	c.setCreated(resp)
 	c.restore = &restoreSpec{images: images}
-	c.init = newProcessState("", initIO(req, c.logw))
+	c.init = newProcessState("", initIO(req, c.logw, labelledProcess(c.bundle)))
 	return c, nil
 }
 
@@ -166,9 +166,10 @@ func (s *Service) openContainer(req *taskv3.CreateTaskRequest, opts *optionsv1.C
 	return c, nil
 }
 
-// initIO is where a container's init's stdio goes.
-func initIO(req *taskv3.CreateTaskRequest, logw *crilog.Writer) ioConfig {
+// initIO is where a container's init's stdio goes; labelled as ioConfig's.
+func initIO(req *taskv3.CreateTaskRequest, logw *crilog.Writer, labelled bool) ioConfig {
 	return ioConfig{
+		labelled: labelled,
 		terminal: req.GetTerminal(),
 		stdin:    req.GetStdin(),
 		stdout:   req.GetStdout(),

@@ -30,6 +30,7 @@ import (
 	// Registers the device-rule backend that the cgroup v1 devices controller needs.
 	_ "github.com/opencontainers/cgroups/devices"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/opencontainers/selinux/go-selinux"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/emptypb"
@@ -611,8 +612,9 @@ func (s *Service) Exec(ctx context.Context, req *taskv3.ExecProcessRequest) (*em
 	// process, and decoding it here would keep encoding/json's caches for every OCI
 	// type it holds alive in the shim.
 	var spec struct {
-		Args []string `json:"args"`
-		Cwd  string   `json:"cwd"`
+		Args         []string `json:"args"`
+		Cwd          string   `json:"cwd"`
+		SelinuxLabel string   `json:"selinuxLabel"`
 	}
 	if err := json.Unmarshal(a.GetValue(), &spec); err != nil {
 		return nil, invalid("decode exec spec: %v", err)
@@ -624,6 +626,7 @@ func (s *Service) Exec(ctx context.Context, req *taskv3.ExecProcessRequest) (*em
 		return nil, failedPrecondition("container %q is not running", c.id)
 	}
 	p := newProcessState(execID, ioConfig{
+		labelled: spec.SelinuxLabel != "" && selinux.GetEnabled(),
 		terminal: req.GetTerminal(),
 		stdin:    req.GetStdin(),
 		stdout:   req.GetStdout(),

@@ -14,6 +14,7 @@ import (
 	"github.com/opencontainers/runc/libcontainer/configs"
 	"github.com/opencontainers/runc/libcontainer/specconv"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/opencontainers/selinux/go-selinux"
 	"golang.org/x/sys/unix"
 
 	"github.com/crisp-runtime/crisp/internal/mount"
@@ -44,6 +45,28 @@ func loadSpec(bundle string) (*specs.Spec, error) {
 		return nil, err
 	}
 	return &spec, nil
+}
+
+// labelledProcess reports whether, on an SELinux host, the process of the bundle's
+// spec runs with an SELinux label of its own (ioConfig.labelled). Only that field is
+// decoded; a spec that cannot be read says no, and fails later where it is loaded.
+func labelledProcess(bundle string) bool {
+	if !selinux.GetEnabled() {
+		return false
+	}
+	data, err := os.ReadFile(filepath.Join(bundle, specFile))
+	if err != nil {
+		return false
+	}
+	var spec struct {
+		Process *struct {
+			SelinuxLabel string `json:"selinuxLabel"`
+		} `json:"process"`
+	}
+	if json.Unmarshal(data, &spec) != nil || spec.Process == nil {
+		return false
+	}
+	return spec.Process.SelinuxLabel != ""
 }
 
 // validateProcess does what runc's validateProcessSpec does, so that a bad process fails

@@ -33,6 +33,13 @@ type ioConfig struct {
 	// /dev/null: attach sessions can then join it. Exec processes have no attach, so
 	// theirs stay /dev/null and their exit never waits on such a pipe.
 	attachable bool
+	// labelled says the process runs with an SELinux label of its own: its stdout and
+	// stderr are then pipes the shim copies to the caller's FIFOs, as containerd's
+	// shim does, never the FIFOs themselves. A FIFO carries the label of the state
+	// directory it was made in (container_runtime_t), which the policy keeps the
+	// container's domain from reading or writing; a pipe the shim makes carries the
+	// shim's, which the container policies let their domains use.
+	labelled bool
 }
 
 // stdio is the shim's side of a process's standard streams. What differs between a
@@ -249,7 +256,7 @@ func openPipes(s *stdio, cfg ioConfig, lp *childStdio) error {
 	if err := s.openStdinPipe(cfg, lp); err != nil {
 		return err
 	}
-	var direct map[string]*os.File
+	direct := map[string]*os.File{}
 	for _, o := range []struct {
 		name, path string
 		set        func(*os.File)
@@ -273,6 +280,17 @@ func openPipes(s *stdio, cfg ioConfig, lp *childStdio) error {
 				return err
 			}
 			s.fanOutput(o.name, r, io.Discard, nil)
+		case o.path != "" && cfg.labelled:
+			f, err := s.outputFIFO(o.name, o.path, direct)
+			if err != nil {
+				return err
+			}
+			direct[o.path] = f
+			r, err := s.outputPipe(o.name, o.set)
+			if err != nil {
+				return err
+			}
+			s.fanOutput(o.name, r, f, nil)
 		case o.path != "":
 			// The FIFO itself becomes the process's stdout: no copy, no goroutine,
 			// no buffer in the shim. O_RDWR never blocks and keeps a reader, so an
@@ -286,15 +304,28 @@ func openPipes(s *stdio, cfg ioConfig, lp *childStdio) error {
 				}
 				f = os.NewFile(uintptr(fd), o.path)
 				s.childFiles = append(s.childFiles, f)
-				if direct == nil {
-					direct = map[string]*os.File{}
-				}
 				direct[o.path] = f
 			}
 			o.set(f)
 		}
 	}
 	return nil
+}
+
+// outputFIFO is the caller's FIFO at path that the shim writes stream name to,
+// opened once for both streams when they share it (opened lists those open).
+func (s *stdio) outputFIFO(name, path string, opened map[string]*os.File) (*os.File, error) {
+	if f := opened[path]; f != nil {
+		return f, nil
+	}
+	// O_RDWR, as for a FIFO handed over: the open never blocks, and a write before the
+	// caller opened its end does not fail.
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open %s fifo %s: %w", name, path, err)
+	}
+	s.owned = append(s.owned, f)
+	return f, nil
 }
 
 // openStdinPipe gives the process a stdin pipe when it has a stdin: for a marker, the

@@ -85,8 +85,11 @@ type env struct {
 	// kubeletCgroups are the pod cgroups a node test made as kubelet does; removed
 	// after its pods (nodeCleanup).
 	kubeletCgroups []cgroups.Manager
-	rt             cri.RuntimeServiceClient
-	img            cri.ImageServiceClient
+	// podLogs, in a node test, is where its pods' log directories go: under kubelet's
+	// /var/log/pods, which the SELinux policy labels container_log_t for the engine.
+	podLogs string
+	rt      cri.RuntimeServiceClient
+	img     cri.ImageServiceClient
 }
 
 // newEnv prepares (but does not start) a criserver environment whose every trace

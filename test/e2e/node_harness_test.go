@@ -59,7 +59,15 @@ func newNodeEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := os.MkdirAll(kubeletPodLogs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	podLogs, err := os.MkdirTemp(kubeletPodLogs, "crisp-node-")
+	if err != nil {
+		t.Fatal(err)
+	}
 	e := &env{
+		podLogs: podLogs,
 		t:       t,
 		dir:     dir,
 		cfgPath: "/etc/crisp/config.toml",
@@ -105,7 +113,11 @@ func (e *env) nodeCleanup(started time.Time) {
 		e.t.Logf("crisp.service journal since the test started:\n%s", journal(started))
 	}
 	os.RemoveAll(e.dir)
+	os.RemoveAll(e.podLogs)
 }
+
+// kubeletPodLogs is where kubelet puts pods' log directories.
+const kubeletPodLogs = "/var/log/pods"
 
 // journal is crisp.service's journal since a time, its last 300 lines.
 func journal(since time.Time) string {
@@ -177,7 +189,7 @@ func (e *env) kubeletPod(name string, res *cgroups.Resources) *kubeletPod {
 	cfg := &cri.PodSandboxConfig{
 		Metadata:     &cri.PodSandboxMetadata{Name: name, Namespace: "node-e2e", Uid: uid},
 		Hostname:     name,
-		LogDirectory: filepath.Join(e.dir, "logs", name),
+		LogDirectory: filepath.Join(e.podLogs, name),
 		Labels:       map[string]string{"app": "node-e2e", "pod": name},
 		Linux: &cri.LinuxPodSandboxConfig{
 			CgroupParent:    cgroupParent,

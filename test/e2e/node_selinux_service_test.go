@@ -24,6 +24,8 @@ var crispFileTypes = []struct{ path, typ string }{
 	{"/run/crisp/crisp.sock", "container_runtime_t"},
 	{"/etc/crisp", "container_config_t"},
 	{"/etc/crisp/config.toml", "container_config_t"},
+	{"/usr/bin/shim-runc", "container_engine_exec_t"},
+	{"/lib/systemd/system/crisp.service", "container_engine_unit_t"},
 }
 
 // crispExes are crisp's binaries as the audit log names the processes running them.
@@ -31,8 +33,8 @@ var crispExes = []string{`exe="/usr/bin/criserver"`, `exe="/usr/bin/shim-runc"`}
 
 // TestNodeSELinuxService: in the SELinux node VM (enforcing, the reference policy with
 // its container module), the package's policy module is installed and crisp's paths
-// carry the labels it promises, criserver and a pod's shim run in the domain systemd
-// gives the service, and a pod's cycle (pod, container, exec, stop, remove) leaves no
+// carry the labels it promises, criserver runs in the domain systemd gives the
+// service and a pod's shim in the container engine's domain (runc's), and a pod's cycle (pod, container, exec, stop, remove) leaves no
 // AVC denial naming crisp's binaries in the audit log.
 func TestNodeSELinuxService(t *testing.T) {
 	e := newNodeEnv(t)
@@ -71,8 +73,8 @@ func TestNodeSELinuxService(t *testing.T) {
 		t.Errorf("criserver (pid %d) runs as %s, want %s", pid, procLabel(t, pid), selinuxServiceDomain)
 	}
 	_, info := e.status(ctx, podID)
-	if got := procType(t, info.ShimPid); got != domain {
-		t.Errorf("the pod's shim (pid %d) runs as %s, criserver as %s", info.ShimPid, procLabel(t, info.ShimPid), domain)
+	if got := procType(t, info.ShimPid); got != selinuxShimDomain {
+		t.Errorf("the pod's shim (pid %d) runs as %s, want %s", info.ShimPid, procLabel(t, info.ShimPid), selinuxShimDomain)
 	}
 
 	if _, err := e.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: podID}); err != nil {
@@ -86,11 +88,15 @@ func TestNodeSELinuxService(t *testing.T) {
 	}
 }
 
-// selinuxServiceDomain is the domain criserver and its shims run in: systemd starts
+// selinuxServiceDomain is the domain criserver runs in: systemd starts
 // the unit's bin_t binary, as it starts containerd's on this policy (the reference
 // policy labels containerd's binaries only in its docker module, which Debian does not
 // build), in initrc_t, which the unconfined module leaves unconfined.
 const selinuxServiceDomain = "initrc_t"
+
+// selinuxShimDomain is the domain of a pod's shim: its binary has runc's
+// container_engine_exec_t, the only entry to the domain that may start container_t.
+const selinuxShimDomain = "container_engine_t"
 
 // hasLine reports whether text has a line that is exactly line.
 func hasLine(text, line string) bool {

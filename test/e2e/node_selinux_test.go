@@ -14,13 +14,14 @@ import (
 )
 
 // seEnv is the installed crisp in the SELinux node VM (enforcing, the reference policy
-// with its container module); other node VMs and hosts skip.
+// with its container module), with enable_selinux on; other node VMs and hosts skip.
 func seEnv(t *testing.T) *env {
 	t.Helper()
 	e := newNodeEnv(t)
 	if f := nodeFlavour(); f != "selinux" || !selinux.GetEnabled() {
 		t.Skipf("the node VM of flavour %q runs no SELinux", f)
 	}
+	e.seSetEnabled(true)
 	return e
 }
 
