@@ -8,7 +8,8 @@
 #   -test.run <NODE_RUN>
 # Its output is the runner's out/run.log; out/suite_s gets the suite's time, and a failure
 # leaves out/journal-crisp.log, out/dmesg.log and out/failed-units.log. Under SELinux
-# out/avc.log gets every AVC denial of the run (ausearch -m avc), failed or not.
+# out/avc.log gets every AVC denial of the run, the kernel's and those systemd and D-Bus
+# check (ausearch -m avc,user_avc), failed or not.
 set -u
 # NODE_DRIVER, NODE_DEB, NODE_OLD_DEB (file names), NODE_TEST_TIMEOUT, NODE_RUN.
 . ./node.env
@@ -22,8 +23,8 @@ logs() {
 }
 avcs() {
 	if [ -e /sys/fs/selinux/enforce ]; then
-		ausearch -m avc -i > "$out/avc.log" 2>&1
-		step "$(grep -c '^type=AVC' "$out/avc.log") AVC denials in the audit log (out/avc.log)"
+		ausearch -m avc,user_avc -i > "$out/avc.log" 2>&1
+		step "$(grep -c "^type=\(USER_\)\?AVC" "$out/avc.log") AVC denials in the audit log (out/avc.log)"
 	fi
 }
 fail() {
