@@ -196,15 +196,20 @@ func selinuxOptions(o *runtime.SELinuxOption) ([]string, error) {
 // initSELinux sets the SELinux library up for enable_selinux, as containerd does at
 // start: off, the library reports SELinux disabled and hands out no labels (pods'
 // seLinuxOptions are then ignored with a warning); on, levels are drawn from
-// selinux_category_range categories.
-func initSELinux(cfg config.Config, log *slog.Logger) {
+// selinux_category_range categories. Off on an SELinux host, it returns the context
+// pods' /dev/shm still needs (shmLabel), read from the policy before the library is
+// disabled.
+func initSELinux(cfg config.Config, log *slog.Logger) (shmLabelOff string) {
 	if !cfg.EnableSELinux {
+		if selinux.GetEnabled() {
+			shmLabelOff = privFileLabel()
+		}
 		selinux.SetDisabled()
-		return
+		return shmLabelOff
 	}
 	if !selinux.GetEnabled() {
 		log.Info("enable_selinux is set but the host has no SELinux: pods and containers get no labels")
-		return
+		return ""
 	}
 	if err := selinux.SetCategoryRange(uint32(cfg.SELinuxCategoryRange)); err != nil {
 		log.Warn("selinux_category_range not applied", "range", cfg.SELinuxCategoryRange, "err", err)
@@ -213,10 +218,22 @@ func initSELinux(cfg config.Config, log *slog.Logger) {
 	if err != nil || proc == "" {
 		log.Warn("SELinux is enabled but its policy names no container process label (contexts/lxc_contexts): pods and containers get no labels; install the policy's container module", "err", err)
 		selinux.ReleaseLabel(proc)
-		return
+		return ""
 	}
 	selinux.ReleaseLabel(proc)
 	log.Info("SELinux labelling enabled", "mode", selinuxMode(), "process", proc, "file", file)
+	return ""
+}
+
+// privFileLabel is the policy's file label for privileged containers (its
+// lxc_contexts file type at the level kept for them, as CRI-O labels their files), or
+// "" when the policy names none.
+func privFileLabel() string {
+	l := selinux.PrivContainerMountLabel()
+	if c, err := selinux.NewContext(l); err != nil || c["type"] == "" {
+		return ""
+	}
+	return l
 }
 
 // selinuxMode names the host's current SELinux mode.

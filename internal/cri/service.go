@@ -66,6 +66,9 @@ type Service struct {
 	// labels hands out pods' and containers' SELinux labels and keeps their levels
 	// reserved; every label is "" when SELinux is off or enable_selinux is false.
 	labels *selinuxLabels
+	// shmLabelOff is the SELinux context of pods' /dev/shm with labelling off on an
+	// SELinux host (shmLabel); "" elsewhere.
+	shmLabelOff string
 	// nri relays pod and container events to NRI plugins and applies their
 	// adjustments (nil: NRI is off). Set by SetNRI before serving.
 	nri *nri.NRI
@@ -147,7 +150,7 @@ func New(cfg config.Config, st *store.Store, ctrl *controller.Controller, net *n
 	bg, stop := context.WithCancel(context.Background())
 	svc := &Service{cfg: cfg, store: st, ctrl: ctrl, net: net, images: images, log: log, rroSupported: rro, usernsSupported: userns, cdi: spec.NewCDI(cfg.CDI.SpecDirs), podNames: newNameIndex("pod"), ctrNames: newNameIndex("container"), pods: map[string]*pod{}, containers: map[string]*container{},
 		bg: bg, stopBG: stop, labels: newSELinuxLabels(selinuxLib{})}
-	initSELinux(cfg, log)
+	svc.shmLabelOff = initSELinux(cfg, log)
 	if aa := apparmor.New(cfg.DisableAppArmor); aa != nil {
 		svc.apparmor = aa
 		// Loaded now so that a broken apparmor_parser shows at start; every create

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"path/filepath"
 
-	"github.com/opencontainers/selinux/go-selinux"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/crisp-runtime/crisp/internal/mount"
@@ -30,27 +29,23 @@ func (s *Service) mountShm(id string, cfg *runtime.PodSandboxConfig, mountLabel 
 	if cfg.GetLinux().GetSecurityContext().GetNamespaceOptions().GetIpc() == runtime.NamespaceMode_NODE {
 		return nil
 	}
-	if err := podfiles.MountShm(s.shmPath(id), shmLabel(mountLabel)); err != nil {
+	if err := podfiles.MountShm(s.shmPath(id), shmLabel(mountLabel, s.shmLabelOff)); err != nil {
 		return fmt.Errorf("pod %s: %w", id, err)
 	}
 	return nil
 }
 
-// shmLabel is the SELinux context of a pod's /dev/shm: the pod's mount label, or, on
-// an SELinux host with labelling off, the policy's file label for privileged
-// containers (its lxc_contexts; what CRI-O gives their files). A tmpfs mounted with
-// no context takes criserver's domain's runtime type (initrc_runtime_t), on which the
-// shim's domain may not mount: under enforcing, every container of such a pod would
-// fail to start. Without SELinux, or without the container policy, "".
-func shmLabel(mountLabel string) string {
-	if mountLabel != "" || !selinux.GetEnabled() {
+// shmLabel is the SELinux context of a pod's /dev/shm: the pod's mount label, or,
+// with labelling off on an SELinux host, the policy's file label for privileged
+// containers (off is the label initSELinux read before it disabled the library). A
+// tmpfs mounted with no context takes criserver's domain's runtime type
+// (initrc_runtime_t), on which the shim's domain may not mount: under enforcing,
+// every container of such a pod would fail to start.
+func shmLabel(mountLabel, off string) string {
+	if mountLabel != "" {
 		return mountLabel
 	}
-	l := selinux.PrivContainerMountLabel()
-	if c, err := selinux.NewContext(l); err != nil || c["type"] == "" {
-		return ""
-	}
-	return l
+	return off
 }
 
 func (s *Service) unmountShm(id string) {

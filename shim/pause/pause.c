@@ -160,6 +160,21 @@ static void apply_sysctls(const char *env)
 	free(copy);
 }
 
+// take_label moves the process into the pod's SELinux label (setcon: a dynamic
+// transition) once the namespaces, which need the shim's domain, are in place. A
+// refusal is not fatal: the pause keeps the shim's domain, and the shim, which reads
+// the label back, says so.
+static void take_label(const char *label)
+{
+	int fd = open("/proc/self/attr/current", O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	// libselinux's setcon writes the terminating NUL too.
+	if (write(fd, label, strlen(label) + 1) < 0) {
+	}
+	close(fd);
+}
+
 static void on_term(int sig)
 {
 	(void)sig;
@@ -212,6 +227,8 @@ static void pause_main(void)
 			fail("sethostname", v, errno);
 	if ((v = getenv("_CRISP_SYSCTLS")) != NULL && *v)
 		apply_sysctls(v);
+	if ((v = getenv("_CRISP_SELINUX_LABEL")) != NULL && *v)
+		take_label(v);
 	// Handlers go in before readiness is reported: a PID-namespace init only receives
 	// the signals it handles, so a stop right after start must already find them.
 	install_handlers();

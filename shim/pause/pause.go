@@ -12,7 +12,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -35,6 +34,8 @@ const (
 	// process joins (then the netns itself); envUnshare the namespaces it then creates.
 	envUserNSOfNetNS = "_CRISP_USERNS_OF_NETNS"
 	envUnshare       = "_CRISP_UNSHARE"
+	// envSELinuxLabel is the label the process takes once its namespaces are in place.
+	envSELinuxLabel = "_CRISP_SELINUX_LABEL"
 )
 
 // DefaultReadyTimeout bounds how long Start waits for the pause process to report.
@@ -64,55 +65,6 @@ type directRunner struct{}
 func (directRunner) Start(c *exec.Cmd) error { return c.Start() }
 func (directRunner) Wait(c *exec.Cmd) error  { return c.Wait() }
 
-// CanEnter reports whether a process of a pod with file label mountLabel may have
-// this binary as its entrypoint: the container policies let the container type enter
-// only files of the container file type, which the binary then must carry (the
-// level aside: the pod's dominates s0). Without SELinux, or with no label, false.
-func CanEnter(mountLabel string) bool {
-	if mountLabel == "" {
-		return false
-	}
-	exe, err := selinux.FileLabel("/proc/self/exe")
-	if err != nil {
-		return false
-	}
-	return EntrypointOf(exe, mountLabel)
-}
-
-// EntrypointOf reports whether a file labelled fileLabel has the type of mountLabel.
-func EntrypointOf(fileLabel, mountLabel string) bool {
-	f, err := selinux.NewContext(fileLabel)
-	if err != nil {
-		return false
-	}
-	m, err := selinux.NewContext(mountLabel)
-	if err != nil {
-		return false
-	}
-	return f["type"] != "" && f["type"] == m["type"]
-}
-
-// labelledRunner starts processes with an SELinux exec label: set on a thread of its
-// own that forks, which the child inherits and its exec applies. The thread is never
-// unlocked, so Go ends it afterwards and no later process starts with the label.
-type labelledRunner struct {
-	Runner
-	label string
-}
-
-func (l labelledRunner) Start(c *exec.Cmd) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		if err := selinux.SetExecLabel(l.label); err != nil {
-			errc <- fmt.Errorf("set SELinux exec label %s: %w", l.label, err)
-			return
-		}
-		errc <- l.Runner.Start(c)
-	}()
-	return <-errc
-}
-
 // Config describes the namespaces the pause process creates or joins.
 type Config struct {
 	// NetNSPath is a network namespace file to join; empty keeps the shim's (host) one.
@@ -139,8 +91,13 @@ type Config struct {
 	ReadyTimeout time.Duration
 	// Executable defaults to /proc/self/exe, which carries the constructor.
 	Executable string
-	// SELinuxLabel, when set, is the process label the pause runs with (the pod's):
-	// the kernel applies it at the exec, as runc applies a container's.
+	// SELinuxLabel, when set, is the process label the pause takes (the pod's) once
+	// it has set up the pod's namespaces, hostname and sysctls, before it reports
+	// ready: a dynamic transition (setcon), not one at the exec as runc gives a
+	// container its label, because the container policies let the pod's type enter
+	// only files of the pod's file type, which the shim's binary is not, and because
+	// what the pause sets up needs the shim's domain. If the policy refuses the
+	// transition the pause keeps the shim's domain (Label tells).
 	SELinuxLabel string
 	// Runner defaults to exec.Cmd's own Start and Wait.
 	Runner Runner
@@ -180,9 +137,6 @@ func Start(ctx context.Context, cfg Config) (*Process, error) {
 	runner := cfg.Runner
 	if runner == nil {
 		runner = directRunner{}
-	}
-	if cfg.SELinuxLabel != "" {
-		runner = labelledRunner{Runner: runner, label: cfg.SELinuxLabel}
 	}
 	exe := cfg.Executable
 	if exe == "" {
@@ -460,6 +414,12 @@ func environ(cfg Config) ([]string, error) {
 		}
 		env = append(env, envSysctls+"="+b.String())
 	}
+	if cfg.SELinuxLabel != "" {
+		if strings.ContainsAny(cfg.SELinuxLabel, "\n\x00") {
+			return nil, fmt.Errorf("pause: invalid SELinux label %q", cfg.SELinuxLabel)
+		}
+		env = append(env, envSELinuxLabel+"="+cfg.SELinuxLabel)
+	}
 	return env, nil
 }
 
@@ -492,6 +452,19 @@ func (p *Process) Exited() (status uint32, at time.Time, ok bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.exitStatus, p.exitedAt, !p.exitedAt.IsZero()
+}
+
+// Label is the process's SELinux label now ("" without SELinux): the pod's when it
+// took the Config's SELinuxLabel, the shim's when the policy refused it.
+func (p *Process) Label() string {
+	if !selinux.GetEnabled() {
+		return ""
+	}
+	l, err := selinux.PidLabel(p.pid)
+	if err != nil {
+		return ""
+	}
+	return l
 }
 
 // Signal sends sig; it is a no-op once the process has exited.

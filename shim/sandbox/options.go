@@ -35,10 +35,11 @@ type podSpec struct {
 	joinUserNS bool
 	cgroup     CgroupConfig
 	oomScore   int
-	// selinuxLabel is the pause process's SELinux label ("" keeps the shim's);
-	// mountLabel is the pod's file label.
-	selinuxLabel, mountLabel string
-	modes                    string // for status info: "network=pod,pid=pod,..."
+	// selinuxLabel is the label the pause process takes ("" keeps the shim's). The
+	// pod's file label (mount_label) is for task-only shims' pause containers: this
+	// shim mounts nothing for the pod.
+	selinuxLabel string
+	modes        string // for status info: "network=pod,pid=pod,..."
 }
 
 const (
@@ -164,7 +165,6 @@ func buildSpec(id, netnsPath string, o *optionsv1.SandboxOptions) (podSpec, erro
 	}
 	spec.oomScore = int(o.GetOomScoreAdj())
 	spec.selinuxLabel = o.GetSelinuxLabel()
-	spec.mountLabel = o.GetMountLabel()
 	return spec, nil
 }
 

@@ -241,20 +241,18 @@ func (s *Service) StartSandbox(ctx context.Context, req *sandboxapi.StartSandbox
 	if spec.joinUserNS {
 		cfg.UserNS, cfg.JoinUserNS = nil, true
 	}
-	if cfg.SELinuxLabel != "" && !pause.CanEnter(spec.mountLabel) {
-		// The pod's type may enter only files of the pod's file type (container_t:
-		// container_file_t), and this binary is not one: the pause (which runs nothing
-		// of the pod's) keeps the shim's domain; the containers are labelled all the same.
-		s.log.Info("the pause keeps the shim's SELinux domain: the shim's binary is no entrypoint of the pod's type", "label", cfg.SELinuxLabel)
-		cfg.SELinuxLabel = ""
-	}
 	p, err = pause.Start(ctx, cfg)
 	if err != nil && cfg.SELinuxLabel != "" {
-		// The policy refused the pause something in the pod's type (entering it, or
-		// setting up the pod's namespaces there): it keeps the shim's domain.
+		// In the pod's label the pause could not report ready (the policy refused it
+		// the shim's pipe): it starts again in the shim's domain.
 		s.log.Warn("the pause process cannot run with the pod's SELinux label; it keeps the shim's", "label", cfg.SELinuxLabel, "error", err)
 		cfg.SELinuxLabel = ""
 		p, err = pause.Start(ctx, cfg)
+	}
+	if err == nil && cfg.SELinuxLabel != "" {
+		if got := p.Label(); got != cfg.SELinuxLabel {
+			s.log.Warn("the pause process keeps the shim's SELinux domain: the policy refused it the pod's label (crisp's policy module allows the shim's domain that transition)", "label", cfg.SELinuxLabel, "running_as", got)
+		}
 	}
 	if err != nil {
 		return nil, kindf(errdefs.ErrInternal, "start sandbox %q: %v", s.id, err)

@@ -66,21 +66,16 @@ func (e *env) sePod(ctx context.Context, name, img string) (podID, ctrID string,
 	if ctr["type"] != "container_t" || !strings.Contains(ctr["level"], ":c") {
 		e.t.Errorf("container of %s runs as %s, want container_t at a level of its own", name, ctr.Get())
 	}
-	// The pause enters the pod's label only from a binary of the pod's file type
-	// (docs/security.md); otherwise it keeps the shim's domain.
-	if exe, err := selinux.FileLabel("/usr/bin/shim-runc"); err == nil && strings.Contains(exe, ":container_file_t:") {
-		if pause.Get() != ctr.Get() {
-			e.t.Errorf("pause of %s runs as %s, its container as %s", name, pause.Get(), ctr.Get())
-		}
-	} else if shim := seLabel(e.t, info.ShimPid); pause.Get() != shim.Get() {
-		e.t.Errorf("pause of %s runs as %s, want its shim's %s (shim-runc is %s)", name, pause.Get(), shim.Get(), exe)
+	// The pause takes the pod's label once its namespaces are set up (crisp's policy
+	// module lets the shim's domain make that transition): the container's.
+	if pause.Get() != ctr.Get() {
+		e.t.Errorf("pause of %s runs as %s, its container as %s", name, pause.Get(), ctr.Get())
 	}
 	return podID, ctrID, kp.cfg, ctr["level"]
 }
 
-// TestNodeSELinuxLabels: each pod's containers and execs run as container_t at the
-// pod's own level, two pods at distinct levels, the pause with them where the policy
-// lets it; a privileged container runs as
+// TestNodeSELinuxLabels: each pod's pause, containers and execs run as container_t at
+// the pod's own level, two pods at distinct levels; a privileged container runs as
 // spc_t; a criserver restart keeps the levels, and the next pod gets a new one; logs
 // and stats still work.
 func TestNodeSELinuxLabels(t *testing.T) {
@@ -185,22 +180,36 @@ func TestNodeSELinuxVolumes(t *testing.T) {
 	dir := seHostDir(t, "var_t")
 	started := time.Now()
 
-	mountCtr := func(podID string, pod *cri.PodSandboxConfig, name string, relabel bool) string {
+	mountCtr := func(podID string, pod *cri.PodSandboxConfig, name string, relabel bool) (string, error) {
 		c := ctrConfig(name, img, "sleep", "100000")
 		c.Mounts = []*cri.Mount{{ContainerPath: "/vol", HostPath: dir, SelinuxRelabel: relabel}}
-		return e.runCtr(ctx, podID, pod, c)
+		return e.tryRunCtr(ctx, podID, pod, c)
 	}
 	podA, _, cfgA, levelA := e.sePod(ctx, "selinux-vol-a", img)
-	plain := mountCtr(podA, cfgA, "plain", false)
-	if ok, out := e.seCat(ctx, plain, "/vol/secret"); ok {
-		t.Errorf("read a var_t file through an un-relabelled volume: %q", out)
-	}
-	audit, _ := os.ReadFile("/var/log/audit/audit.log")
-	if !strings.Contains(string(audit), "avc:  denied") || !strings.Contains(string(audit), "container_t:"+levelA) {
-		t.Errorf("no AVC denial of container_t:%s in the audit log since %s", levelA, started.Format(time.RFC3339))
+	// The file stays out of the pod's reach: either the policy refuses the bind itself
+	// (the reference policy: the engine may not mount on var_t, so the container does
+	// not start) or the container starts and its read is denied (Fedora's policy).
+	if plain, err := mountCtr(podA, cfgA, "plain", false); err != nil {
+		if !strings.Contains(err.Error(), "permission denied") {
+			t.Errorf("container with an un-relabelled var_t volume: %v", err)
+		}
+		if avcs := avcsSince(t, started, "tcontext=system_u:object_r:var_t:s0"); len(avcs) == 0 {
+			t.Errorf("the un-relabelled volume was refused without an AVC denial naming var_t: %v", err)
+		}
+		t.Logf("un-relabelled var_t volume: the container does not start: %v", err)
+	} else {
+		if ok, out := e.seCat(ctx, plain, "/vol/secret"); ok {
+			t.Errorf("read a var_t file through an un-relabelled volume: %q", out)
+		}
+		if avcs := avcsSince(t, started, "scontext=system_u:system_r:container_t:"+levelA); len(avcs) == 0 {
+			t.Errorf("no AVC denial of container_t:%s in the audit log since %s", levelA, started.Format(time.RFC3339))
+		}
 	}
 
-	relabelled := mountCtr(podA, cfgA, "relabelled", true)
+	relabelled, err := mountCtr(podA, cfgA, "relabelled", true)
+	if err != nil {
+		t.Fatalf("container with a relabelled volume: %v", err)
+	}
 	if ok, out := e.seCat(ctx, relabelled, "/vol/secret"); !ok || !strings.Contains(out, "host data") {
 		t.Errorf("relabelled volume not readable: %q", out)
 	}
@@ -221,7 +230,7 @@ func TestNodeSELinuxVolumes(t *testing.T) {
 
 	sys := ctrConfig("sys", img, "true")
 	sys.Mounts = []*cri.Mount{{ContainerPath: "/host-etc", HostPath: "/etc", SelinuxRelabel: true, Readonly: true}}
-	_, err := e.rt.CreateContainer(ctx, &cri.CreateContainerRequest{PodSandboxId: podB, Config: sys, SandboxConfig: cfgB})
+	_, err = e.rt.CreateContainer(ctx, &cri.CreateContainerRequest{PodSandboxId: podB, Config: sys, SandboxConfig: cfgB})
 	if err == nil || !strings.Contains(err.Error(), "cannot be relabelled") {
 		t.Errorf("relabel of /etc: %v", err)
 	}
@@ -263,4 +272,19 @@ func TestNodeSELinuxCost(t *testing.T) {
 func (e *env) seSetEnabled(on bool) {
 	e.t.Helper()
 	e.editNodeConfig(func(cfg map[string]any) { cfg["enable_selinux"] = on })
+}
+
+// tryRunCtr creates and starts a container and returns the error of whichever step
+// failed (a container that failed to start is removed).
+func (e *env) tryRunCtr(ctx context.Context, podID string, pod *cri.PodSandboxConfig, cfg *cri.ContainerConfig) (string, error) {
+	e.t.Helper()
+	resp, err := e.rt.CreateContainer(ctx, &cri.CreateContainerRequest{PodSandboxId: podID, Config: cfg, SandboxConfig: pod})
+	if err != nil {
+		return "", err
+	}
+	if _, err := e.rt.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
+		_, _ = e.rt.RemoveContainer(ctx, &cri.RemoveContainerRequest{ContainerId: resp.ContainerId})
+		return "", err
+	}
+	return resp.ContainerId, nil
 }
