@@ -160,6 +160,16 @@ static void apply_sysctls(const char *env)
 	free(copy);
 }
 
+static void set_oom_score_adj(const char *value)
+{
+	int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		fail("open", "/proc/self/oom_score_adj", errno);
+	if (write(fd, value, strlen(value)) < 0)
+		fail("write oom_score_adj", value, errno);
+	close(fd);
+}
+
 // take_label moves the process into the pod's SELinux label (setcon: a dynamic
 // transition) once the namespaces, which need the shim's domain, are in place. A
 // refusal is not fatal: the pause keeps the shim's domain, and the shim, which reads
@@ -215,6 +225,10 @@ static void pause_main(void)
 	const char *v;
 
 	prctl(PR_SET_NAME, "crisp-pause", 0, 0, 0);
+	// First, so that a child forked below inherits it, and before the pod's label,
+	// in which the process may no longer be written to by the shim's domain.
+	if ((v = getenv("_CRISP_OOM_SCORE_ADJ")) != NULL && *v)
+		set_oom_score_adj(v);
 	// Namespaces first: sysctls resolve against the writer's namespaces.
 	if ((v = getenv("_CRISP_USERNS_OF_NETNS")) != NULL && *v) {
 		join_userns_of_netns(v);

@@ -34,6 +34,8 @@ const (
 	// process joins (then the netns itself); envUnshare the namespaces it then creates.
 	envUserNSOfNetNS = "_CRISP_USERNS_OF_NETNS"
 	envUnshare       = "_CRISP_UNSHARE"
+	// envOOMScoreAdj is the process's oom_score_adj, which it writes itself first.
+	envOOMScoreAdj = "_CRISP_OOM_SCORE_ADJ"
 	// envSELinuxLabel is the label the process takes once its namespaces are in place.
 	envSELinuxLabel = "_CRISP_SELINUX_LABEL"
 )
@@ -99,6 +101,11 @@ type Config struct {
 	// what the pause sets up needs the shim's domain. If the policy refuses the
 	// transition the pause keeps the shim's domain (Label tells).
 	SELinuxLabel string
+	// OOMScoreAdj, when set, is the process's oom_score_adj. The process writes it
+	// itself before anything else: in the pod's SELinux label the shim's domain may no
+	// longer write the process's /proc files. It must not be below the shim's own
+	// (lowering needs CAP_SYS_RESOURCE; proc.ClampOOMScoreAdj).
+	OOMScoreAdj *int
 	// Runner defaults to exec.Cmd's own Start and Wait.
 	Runner Runner
 }
@@ -413,6 +420,9 @@ func environ(cfg Config) ([]string, error) {
 			b.WriteString(k + "=" + v + "\n")
 		}
 		env = append(env, envSysctls+"="+b.String())
+	}
+	if cfg.OOMScoreAdj != nil {
+		env = append(env, envOOMScoreAdj+"="+strconv.Itoa(*cfg.OOMScoreAdj))
 	}
 	if cfg.SELinuxLabel != "" {
 		if strings.ContainsAny(cfg.SELinuxLabel, "\n\x00") {

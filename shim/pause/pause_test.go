@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -404,5 +405,33 @@ func TestStartSELinuxLabel(t *testing.T) {
 
 	if _, err := Start(ctx, Config{SELinuxLabel: label + "\n_CRISP_NETNS=/proc/1/ns/net"}); err == nil || !strings.Contains(err.Error(), "invalid SELinux label") {
 		t.Errorf("a label with a newline: %v", err)
+	}
+}
+
+// TestStartOOMScoreAdj: the pause writes its own oom_score_adj (before it could take
+// a label that keeps the shim from writing it).
+func TestStartOOMScoreAdj(t *testing.T) {
+	testutil.RequiresRoot(t, rootWhy)
+	ctx := context.Background()
+	data, err := os.ReadFile("/proc/self/oom_score_adj")
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := min(own+7, 1000)
+	p, err := Start(ctx, Config{NewUTS: true, OOMScoreAdj: &want})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Stop(ctx, 0) })
+	got, err := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", p.Pid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(string(got)) != strconv.Itoa(want) {
+		t.Errorf("pause oom_score_adj = %s, want %d", got, want)
 	}
 }

@@ -241,6 +241,16 @@ func (s *Service) StartSandbox(ctx context.Context, req *sandboxapi.StartSandbox
 	if spec.joinUserNS {
 		cfg.UserNS, cfg.JoinUserNS = nil, true
 	}
+	floor, err := proc.OOMScoreAdj(0)
+	if err != nil {
+		return nil, kindf(errdefs.ErrInternal, "%v", err)
+	}
+	score, clamped := proc.ClampOOMScoreAdj(spec.oomScore, floor)
+	if clamped {
+		// Going below the shim's own score needs CAP_SYS_RESOURCE, which the shim may lack.
+		s.log.Warn("oom_score_adj clamped to the shim's own", "requested", spec.oomScore, "applied", score)
+	}
+	cfg.OOMScoreAdj = &score
 	p, err = pause.Start(ctx, cfg)
 	if err != nil && cfg.SELinuxLabel != "" {
 		// In the pod's label the pause could not report ready (the policy refused it
@@ -276,18 +286,6 @@ func (s *Service) StartSandbox(ctx context.Context, req *sandboxapi.StartSandbox
 	}
 	if err := sb.cg.Apply(pid); err != nil {
 		return fail(errdefs.ErrInternal, "put pause process %d into cgroup %s: %v", pid, spec.cgroup, err)
-	}
-	floor, err := proc.OOMScoreAdj(0)
-	if err != nil {
-		return fail(errdefs.ErrInternal, "%v", err)
-	}
-	score, clamped := proc.ClampOOMScoreAdj(spec.oomScore, floor)
-	if clamped {
-		// Going below the shim's own score needs CAP_SYS_RESOURCE, which the shim may lack.
-		s.log.Warn("oom_score_adj clamped to the shim's own", "requested", spec.oomScore, "applied", score)
-	}
-	if err := proc.SetOOMScoreAdj(pid, score); err != nil {
-		return fail(errdefs.ErrInternal, "%v", err)
 	}
 
 	started := p.StartedAt().UTC()
