@@ -92,6 +92,16 @@ type env struct {
 	img     cri.ImageServiceClient
 }
 
+// podLogDir is where pod name's log directory goes: below the node test's podLogs
+// (kubelet's /var/log/pods, labelled for the shims under SELinux), else in the
+// test's directory.
+func (e *env) podLogDir(name string) string {
+	if e.podLogs != "" {
+		return filepath.Join(e.podLogs, name)
+	}
+	return filepath.Join(e.dir, "logs", name)
+}
+
 // newEnv prepares (but does not start) a criserver environment whose every trace
 // is removed when the test ends.
 func newEnv(t *testing.T) *env {
@@ -325,7 +335,7 @@ func (e *env) podConfig(name string) *cri.PodSandboxConfig {
 	return &cri.PodSandboxConfig{
 		Metadata:     &cri.PodSandboxMetadata{Name: name, Namespace: "e2e", Uid: "uid-" + name},
 		Hostname:     name,
-		LogDirectory: filepath.Join(e.dir, "logs", name),
+		LogDirectory: e.podLogDir(name),
 		Labels:       map[string]string{"app": "e2e", "pod": name},
 		Annotations:  map[string]string{"e2e/annotation": name},
 		Linux: &cri.LinuxPodSandboxConfig{

@@ -189,7 +189,7 @@ func (e *env) kubeletPod(name string, res *cgroups.Resources) *kubeletPod {
 	cfg := &cri.PodSandboxConfig{
 		Metadata:     &cri.PodSandboxMetadata{Name: name, Namespace: "node-e2e", Uid: uid},
 		Hostname:     name,
-		LogDirectory: filepath.Join(e.podLogs, name),
+		LogDirectory: e.podLogDir(name),
 		Labels:       map[string]string{"app": "node-e2e", "pod": name},
 		Linux: &cri.LinuxPodSandboxConfig{
 			CgroupParent:    cgroupParent,

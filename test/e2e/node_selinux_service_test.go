@@ -34,10 +34,11 @@ var crispFileTypes = []struct{ path, typ string }{
 var crispExes = []string{`exe="/usr/bin/criserver"`, `exe="/usr/bin/shim-runc"`, "scontext=system_u:system_r:" + selinuxShimDomain + ":"}
 
 // TestNodeSELinuxService: in the SELinux node VM (enforcing, the reference policy with
-// its container module), the package's policy module is installed and crisp's paths
-// carry the labels it promises, criserver runs in the domain systemd gives the
-// service and a pod's shim in the container engine's domain (runc's), and a pod's cycle (pod, container, exec, stop, remove) leaves no
-// AVC denial naming crisp's binaries in the audit log.
+// its container module), with enable_selinux off, the package's policy module is
+// installed and crisp's paths carry the labels it promises, containers run as spc_t,
+// criserver runs in the domain systemd gives the service and a pod's shim in the
+// container engine's domain (runc's), and a pod's cycle (pod, container, exec, stop,
+// remove) leaves no AVC denial naming crisp's binaries in the audit log.
 func TestNodeSELinuxService(t *testing.T) {
 	e := newNodeEnv(t)
 	if f := nodeFlavour(); f != "selinux" {
@@ -52,10 +53,16 @@ func TestNodeSELinuxService(t *testing.T) {
 		t.Fatalf("semodule -l lists no crisp or no container module (%v):\n%s", err, out)
 	}
 
+	// With labelling off (the package turns it on; TestNodeSELinuxLabels runs that):
+	// containers run unlabelled, which the policy makes its privileged type.
+	e.seSetEnabled(false)
 	img := e.busybox(ctx)
 	pod := e.kubeletPod("selinux-service", nil)
 	podID := e.runPod(ctx, pod.cfg)
 	ctr := e.runCtr(ctx, podID, pod.cfg, ctrConfig("sleeper", img, "sleep", "100000"))
+	if got := procType(t, e.ctrPid(ctx, ctr)); got != "spc_t" {
+		t.Errorf("with enable_selinux off the container runs as %s, want spc_t", procLabel(t, e.ctrPid(ctx, ctr)))
+	}
 	if resp, err := e.execSync(ctx, ctr, 30, "echo", "hello"); err != nil || resp.ExitCode != 0 || strings.TrimSpace(string(resp.Stdout)) != "hello" {
 		t.Errorf("exec echo hello: %v %+v", err, resp)
 	}
