@@ -45,11 +45,13 @@ if [ -d testdata ]; then cp -r testdata "$node/"; fi
 for f in critest critest-images; do if [ -e "$f" ]; then cp -r "$f" "$node/"; fi; done
 
 # A discovery aid for policy work (test-node.sh): the domains in NODE_SELINUX_PERMISSIVE
-# only log their denials.
+# only log their denials, and dontaudit rules are off.
 if [ -n "${NODE_SELINUX_PERMISSIVE:-}" ] && [ -e /sys/fs/selinux/enforce ]; then
 	for d in $NODE_SELINUX_PERMISSIVE; do echo "(typepermissive $d)"; done > /root/permissive.cil
 	step "permissive: $NODE_SELINUX_PERMISSIVE"
 	semodule -i /root/permissive.cil || fail "semodule -i permissive.cil"
+	# Denials the policy keeps quiet (dontaudit) are logged too.
+	semodule -DB || fail "semodule -DB"
 fi
 step "dpkg -i $NODE_DEB"
 dpkg -i "$node/new/$NODE_DEB" || fail "dpkg -i"

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/opencontainers/selinux/go-selinux"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -180,11 +181,9 @@ func TestNodeUserNamespace(t *testing.T) {
 
 	// The volumes: a hostPath directory with a root-owned file, and an emptyDir as
 	// kubelet makes it (a 0777 directory below the pod's directory).
-	if err := os.Chmod(e.dir, 0o711); err != nil {
-		t.Fatal(err)
-	}
-	hostPath := filepath.Join(e.dir, "hostpath")
-	emptyDir := filepath.Join(e.dir, "pods", "userns", "volumes", "kubernetes.io~empty-dir", "cache")
+	vols := kubeletVolumes(t)
+	hostPath := filepath.Join(vols, "hostpath")
+	emptyDir := filepath.Join(vols, "pods", "userns", "volumes", "kubernetes.io~empty-dir", "cache")
 	for dir, mode := range map[string]os.FileMode{hostPath: 0o755, emptyDir: 0o777} {
 		if err := os.MkdirAll(dir, mode); err != nil {
 			t.Fatal(err)
@@ -253,11 +252,17 @@ func TestNodeUserNamespace(t *testing.T) {
 			t.Fatalf("kernel release %q: %v", kernelRelease(), err)
 		}
 		idmappedTmpfs := maj > 6 || maj == 6 && min >= 3
-		mem := filepath.Join(e.dir, "pods", "userns", "volumes", "kubernetes.io~empty-dir", "mem")
+		mem := filepath.Join(vols, "pods", "userns", "volumes", "kubernetes.io~empty-dir", "mem")
 		if err := os.MkdirAll(mem, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if err := syscall.Mount("tmpfs", mem, "tmpfs", 0, "mode=0777,size=1m"); err != nil {
+		opts := "mode=0777,size=1m"
+		// Under SELinux kubelet mounts a memory emptyDir with a context; the one of
+		// kubelet's volume directories here.
+		if l, err := selinux.FileLabel(vols); err == nil && l != "" && selinux.GetEnabled() {
+			opts += ",context=\"" + l + "\""
+		}
+		if err := syscall.Mount("tmpfs", mem, "tmpfs", 0, opts); err != nil {
 			t.Fatalf("mount tmpfs: %v", err)
 		}
 		defer syscall.Unmount(mem, syscall.MNT_DETACH)

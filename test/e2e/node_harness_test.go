@@ -13,6 +13,7 @@ import (
 
 	"github.com/opencontainers/cgroups"
 	cgmanager "github.com/opencontainers/cgroups/manager"
+	"github.com/opencontainers/selinux/go-selinux"
 	"github.com/pelletier/go-toml/v2"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -114,6 +115,33 @@ func (e *env) nodeCleanup(started time.Time) {
 	}
 	os.RemoveAll(e.dir)
 	os.RemoveAll(e.podLogs)
+}
+
+// kubeletVolumes is a directory for a test's volumes (0711, removed when the test
+// ends) below kubelet's /var/lib/kubelet/pods, where kubelet keeps pods' volumes: the
+// SELinux policy labels it container_file_t, which the shims' domain may mount and
+// containers use, where a test's directory in /tmp (initrc_tmp_t) is out of their
+// reach.
+func kubeletVolumes(t *testing.T) string {
+	t.Helper()
+	const pods = "/var/lib/kubelet/pods"
+	if err := os.MkdirAll(pods, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if selinux.GetEnabled() {
+		if out, err := exec.Command("restorecon", "-R", "/var/lib/kubelet").CombinedOutput(); err != nil {
+			t.Fatalf("restorecon /var/lib/kubelet: %v: %s", err, out)
+		}
+	}
+	dir, err := os.MkdirTemp(pods, "crisp-node-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
 
 // kubeletPodLogs is where kubelet puts pods' log directories.

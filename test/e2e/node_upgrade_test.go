@@ -41,6 +41,15 @@ func TestNodeUpgrade(t *testing.T) {
 	if err := os.RemoveAll("/var/lib/crisp"); err != nil {
 		t.Fatal(err)
 	}
+	if nodeFlavour() == "selinux" {
+		// The node as the old package, which predates SELinux support, left it: no
+		// policy module of crisp's, so its shims run unconfined and its pods
+		// unlabelled. The upgrade installs the module and relabels crisp's paths
+		// under the running pods.
+		if out, err := exec.Command("semodule", "-r", "crisp").CombinedOutput(); err != nil {
+			t.Fatalf("semodule -r crisp: %v: %s", err, out)
+		}
+	}
 	dpkgInstall(t, oldDeb)
 	if err := e.connect(2 * time.Minute); err != nil {
 		t.Fatalf("old crisp %s does not answer: %v\n%s", oldVersion, err, journal(time.Now().Add(-2*time.Minute)))
