@@ -27,11 +27,18 @@ func TestNodeUpgrade(t *testing.T) {
 	if exec.Command("dpkg", "--compare-versions", oldVersion, "lt", newVersion).Run() != nil {
 		t.Fatalf("old package %s is not older than %s", oldVersion, newVersion)
 	}
-	// Whatever happens, the node ends with this build's package running for the
-	// tests after this one.
+	// Whatever happens, the node ends with this build's package running, with the
+	// config the node had, for the tests after this one.
+	cfg, err := os.ReadFile(e.cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
+		if err := os.WriteFile(e.cfgPath, cfg, 0o644); err != nil {
+			t.Errorf("restore %s: %v", e.cfgPath, err)
+		}
 		dpkgInstall(t, newDeb)
-		_ = exec.Command("systemctl", "start", "crisp.service").Run()
+		_ = exec.Command("systemctl", "restart", "crisp.service").Run()
 	})
 	// The old criserver starts without this one's metadata, as on a node that ran it
 	// first (SIGTERM shut this one's warm spare down; no pod runs).
@@ -50,6 +57,10 @@ func TestNodeUpgrade(t *testing.T) {
 			t.Fatalf("semodule -r crisp: %v: %s", err, out)
 		}
 	}
+	// A node that ran the old package has the old package's config, which an older
+	// criserver must be able to read (this one's may have keys it does not know), with
+	// the node's cgroup driver.
+	writeOldConfig(t, e.cfgPath, oldDeb, cfg)
 	dpkgInstall(t, oldDeb)
 	if err := e.connect(2 * time.Minute); err != nil {
 		t.Fatalf("old crisp %s does not answer: %v\n%s", oldVersion, err, journal(time.Now().Add(-2*time.Minute)))
@@ -131,6 +142,42 @@ func dpkgInstall(t *testing.T, deb string) {
 	cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("dpkg -i %s: %v\n%s", deb, err, out)
+	}
+}
+
+// writeOldConfig writes the config the package oldDeb ships to path, with the
+// cgroup_driver line of cur (the node's).
+func writeOldConfig(t *testing.T, path, oldDeb string, cur []byte) {
+	t.Helper()
+	dir := t.TempDir()
+	if out, err := exec.Command("dpkg-deb", "-x", oldDeb, dir).CombinedOutput(); err != nil {
+		t.Fatalf("dpkg-deb -x %s: %v: %s", oldDeb, err, out)
+	}
+	old, err := os.ReadFile(filepath.Join(dir, "etc/crisp/config.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	driver := ""
+	for _, l := range strings.Split(string(cur), "\n") {
+		if strings.HasPrefix(l, "cgroup_driver = ") {
+			driver = l
+		}
+	}
+	if driver == "" {
+		t.Fatalf("no cgroup_driver line in the node's config:\n%s", cur)
+	}
+	lines := strings.Split(string(old), "\n")
+	found := false
+	for i, l := range lines {
+		if strings.HasPrefix(l, "cgroup_driver = ") {
+			lines[i], found = driver, true
+		}
+	}
+	if !found {
+		t.Fatalf("no cgroup_driver line in %s's config", oldDeb)
+	}
+	if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")), 0o644); err != nil {
+		t.Fatal(err)
 	}
 }
 
