@@ -49,11 +49,12 @@ type Config struct {
 	DisableAppArmor bool `toml:"disable_apparmor" comment:"on a host with AppArmor, give containers no profile (otherwise crisp-default is loaded and applied to every non-privileged container that does not ask for another or for unconfined)"`
 	// EnableSELinux gives, on a host with SELinux enabled, every pod its own MCS level
 	// and its containers and files the policy's container labels (containerd's
-	// enable_selinux, CRI-O's selinux). Off by default, as containerd's: in the
-	// SELinux node VM, a shim in the unconfined init domain (crisp's binaries are
-	// bin_t until the package gives them the engine's exec type) may not start a
-	// process as container_t, so on would stop every container on exactly the nodes
-	// that enforce SELinux. A host without SELinux is unaffected.
+	// enable_selinux, CRI-O's selinux). Off by default, as containerd's: under
+	// enforcing, only a shim whose binary has the container engine's exec type may
+	// start a process as container_t, and only the package installs that label (and
+	// turns this on in its config); a bare binary with this on would stop every
+	// container on exactly the nodes that enforce SELinux. A host without SELinux is
+	// unaffected.
 	EnableSELinux bool `toml:"enable_selinux" comment:"on a host with SELinux enabled, label pods and containers with the policy's container types and a unique MCS level per pod (no effect without SELinux)"`
 	// SELinuxCategoryRange is the number of MCS categories pods' levels are drawn
 	// from (containerd's selinux_category_range; 1024 is the policy's usual c0.c1023).

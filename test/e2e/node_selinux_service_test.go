@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -37,8 +38,9 @@ var crispExes = []string{`exe="/usr/bin/criserver"`, `exe="/usr/bin/shim-runc"`,
 // its container module), with enable_selinux off, the package's policy module is
 // installed and crisp's paths carry the labels it promises, containers run as spc_t,
 // criserver runs in the domain systemd gives the service and a pod's shim in the
-// container engine's domain (runc's), and a pod's cycle (pod, container, exec, stop,
-// remove) leaves no AVC denial naming crisp's binaries in the audit log.
+// container engine's domain (runc's), and a pod's cycle (pod, container, exec, an exec
+// with a terminal, stop, remove) leaves no AVC denial naming crisp's binaries in the
+// audit log.
 func TestNodeSELinuxService(t *testing.T) {
 	e := newNodeEnv(t)
 	if f := nodeFlavour(); f != "selinux" {
@@ -66,6 +68,11 @@ func TestNodeSELinuxService(t *testing.T) {
 	if resp, err := e.execSync(ctx, ctr, 30, "echo", "hello"); err != nil || resp.ExitCode != 0 || strings.TrimSpace(string(resp.Stdout)) != "hello" {
 		t.Errorf("exec echo hello: %v %+v", err, resp)
 	}
+	// An exec with a terminal: its pty is made in the container's devpts.
+	u := e.execURL(ctx, t, &cri.ExecRequest{ContainerId: ctr, Cmd: []string{"sh"}, Stdin: true, Tty: true, Stdout: true})
+	sctx, cancel := context.WithTimeout(ctx, nodeWithin)
+	checkExecTTY(sctx, t, u, wsTransport, 2*time.Second)
+	cancel()
 
 	for _, f := range crispFileTypes {
 		if got := fileType(t, f.path); got != f.typ {
