@@ -79,8 +79,8 @@ static void join_userns_of_netns(const char *path)
 	close(netfd);
 }
 
-// unshare_and_fork creates the pod's other namespaces inside the joined user namespace
-// (so that it owns them) and, for a new PID namespace, forks its init: a sibling of this
+// unshare_and_fork creates the pod's other namespaces inside its user namespace (so
+// that it owns them) and, for a new PID namespace, forks its init: a sibling of this
 // process (CLONE_PARENT), so that the shim is its parent. This process reports the new
 // pid on READY_FD ("pid:N\n") and exits; the child goes on only after that, so the
 // shim always reads the pid before the child's own report.
@@ -230,12 +230,14 @@ static void pause_main(void)
 	if ((v = getenv("_CRISP_OOM_SCORE_ADJ")) != NULL && *v)
 		set_oom_score_adj(v);
 	// Namespaces first: sysctls resolve against the writer's namespaces.
-	if ((v = getenv("_CRISP_USERNS_OF_NETNS")) != NULL && *v) {
+	if ((v = getenv("_CRISP_USERNS_OF_NETNS")) != NULL && *v)
 		join_userns_of_netns(v);
-		if ((v = getenv("_CRISP_UNSHARE")) != NULL && *v)
-			unshare_and_fork(v);
-	} else if ((v = getenv("_CRISP_NETNS")) != NULL && *v)
+	else if ((v = getenv("_CRISP_NETNS")) != NULL && *v)
 		join_netns(v);
+	// As the user namespace's root (joined above, or made with this process): the
+	// namespaces made now are owned by it, and their files by its root.
+	if ((v = getenv("_CRISP_UNSHARE")) != NULL && *v)
+		unshare_and_fork(v);
 	if ((v = getenv("_CRISP_HOSTNAME")) != NULL && *v)
 		if (sethostname(v, strlen(v)) < 0)
 			fail("sethostname", v, errno);

@@ -179,6 +179,15 @@ func Start(ctx context.Context, cfg Config) (*Process, error) {
 		// mapped in the new namespace: execve would then drop every capability. So it
 		// becomes the namespace's root (and drops the host's supplementary groups).
 		attr.Credential = &syscall.Credential{Uid: 0, Gid: 0}
+		if attr.Cloneflags&unix.CLONE_NEWIPC != 0 {
+			// The IPC namespace is made by the process itself once it is the user
+			// namespace's root (pause.c). Made in the clone, its mqueue filesystem
+			// belongs to the shim's host root, which the namespace does not map, and
+			// a container's /dev/mqueue then cannot take its SELinux label
+			// ("setxattr ... operation not permitted": runc #4466).
+			attr.Cloneflags &^= unix.CLONE_NEWIPC
+			env = append(env, envUnshare+"="+strconv.Itoa(unix.CLONE_NEWIPC))
+		}
 	}
 	p, r, err := startProcess(runner, exe, env, attr)
 	if err != nil {

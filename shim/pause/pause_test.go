@@ -199,6 +199,17 @@ func TestStartUserNS(t *testing.T) {
 	if got := nsenter(t, nil, p.Pid(), "-n", "cat", "/proc/sys/net/ipv4/ip_unprivileged_port_start"); got != "80" {
 		t.Errorf("net sysctl in pod = %q, want 80", got)
 	}
+	if got := nsenter(t, nil, p.Pid(), "-i", "cat", "/proc/sys/kernel/shm_rmid_forced"); got != "1" {
+		t.Errorf("ipc sysctl in pod = %q, want 1", got)
+	}
+	// The pod's mqueue filesystem belongs to the namespace's root, so a container's
+	// runtime may label its /dev/mqueue (SELinux): made in the clone it belonged to
+	// the host's root, unmapped there (65534 inside).
+	out, err := exec.Command("nsenter", "-t", fmt.Sprint(p.Pid()), "-U", "-i", "--", "unshare", "-m", "sh", "-c",
+		"mount -t mqueue mqueue /mnt && stat -c %u:%g /mnt").CombinedOutput()
+	if got := strings.TrimSpace(string(out)); err != nil || got != "0:0" {
+		t.Errorf("owner of the pod's mqueue filesystem inside = %q (%v), want 0:0", got, err)
+	}
 
 	if _, err := Start(ctx, Config{NewNet: true, NetNSPath: "/proc/self/ns/net"}); err == nil {
 		t.Error("Start with NewNet and a netns path succeeded")
