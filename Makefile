@@ -122,11 +122,8 @@ run: deps build
 # crisp's handlers against containerd's own (SKIP_CRITEST=1 leaves it out, ~5 min) and
 # the node VM of each flavour in TEST_NODE_FLAVOURS (SKIP_NODE=1 leaves it out, ~20 min
 # with critest in the guests). The end-to-end package alone takes ~20 min on this 2-core
-# machine: its timeout leaves room. The SELinux guest is left out of `make test` until
-# the whole node suite passes in it (issue 32: its SELinux tests and critest's SELinux
-# specs pass; a terminal exec, the upgrade and the user-namespace tests do not yet);
-# `make test-node` boots it.
-TEST_NODE_FLAVOURS ?= apparmor
+# machine: its timeout leaves room.
+TEST_NODE_FLAVOURS ?= apparmor selinux
 test: lint deps criu containerd gvisor critest
 	CGO_ENABLED=1 $(GO) vet -tags '$(TAGS)' ./...
 	CGO_ENABLED=1 $(GO) test -tags '$(TAGS)' -count=1 -p 1 -timeout 35m ./...
