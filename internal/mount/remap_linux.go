@@ -115,11 +115,13 @@ func userNSFile(uidmap, gidmap string) (*os.File, error) {
 	// is opened below.
 	var proc *os.Process
 	err = spawn.Do(func() (err error) {
+		// No UidMappings: Go writes them through a file it opens without O_CLOEXEC
+		// while other forks may proceed, which then inherit it (a shim started at
+		// that moment kept /proc/<pid>/uid_map open). The child needs no mapping to
+		// reach its exec, where it stops; the maps are written below.
 		proc, err = os.StartProcess("/proc/self/exe", []string{"crisp-userns"}, &os.ProcAttr{
 			Sys: &syscall.SysProcAttr{
-				Cloneflags:  unix.CLONE_NEWUSER,
-				UidMappings: uids,
-				GidMappings: gids,
+				Cloneflags: unix.CLONE_NEWUSER,
 				// The child stops at its execve (PTRACE_TRACEME): nothing of the binary runs.
 				Ptrace:    true,
 				Pdeathsig: syscall.SIGKILL,
@@ -135,9 +137,35 @@ func userNSFile(uidmap, gidmap string) (*os.File, error) {
 		_ = proc.Kill()
 		_, _ = proc.Wait()
 	}()
+	if err := WriteIDMaps(proc.Pid, uids, gids); err != nil {
+		return nil, err
+	}
 	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", proc.Pid))
 	if err != nil {
 		return nil, fmt.Errorf("open user namespace: %w", err)
 	}
 	return f, nil
+}
+
+// WriteIDMaps writes the uid and gid maps of process pid's user namespace, once, through
+// files opened close-on-exec (os.OpenFile), unlike syscall.SysProcAttr's UidMappings.
+// The caller needs CAP_SETUID and CAP_SETGID where the namespace was made.
+func WriteIDMaps(pid int, uids, gids []syscall.SysProcIDMap) error {
+	for _, m := range []struct {
+		file string
+		ids  []syscall.SysProcIDMap
+	}{{"uid_map", uids}, {"gid_map", gids}} {
+		if len(m.ids) == 0 {
+			continue
+		}
+		var b strings.Builder
+		for _, r := range m.ids {
+			fmt.Fprintf(&b, "%d %d %d\n", r.ContainerID, r.HostID, r.Size)
+		}
+		path := fmt.Sprintf("/proc/%d/%s", pid, m.file)
+		if err := os.WriteFile(path, []byte(b.String()), 0); err != nil {
+			return fmt.Errorf("write %s: %w", path, err)
+		}
+	}
+	return nil
 }

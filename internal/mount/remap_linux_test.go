@@ -7,6 +7,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/crisp-runtime/crisp/internal/testutil"
 )
@@ -109,4 +110,48 @@ func TestAllRemappedBind(t *testing.T) {
 	if err := All([]Mount{{Type: "bind", Source: src, Options: []string{"rbind", "uidmap=0:1:x", "gidmap=0:1:1"}}}, dst); err == nil || !strings.Contains(err.Error(), "uidmap") {
 		t.Errorf("All with a bad uidmap: %v, want an error naming uidmap", err)
 	}
+}
+
+// TestUserNSFileLeaksNoFD: making a user namespace leaves no file of it open in a
+// process another goroutine starts meanwhile. Go's own UidMappings write the child's
+// uid_map through a file opened without O_CLOEXEC while other forks may run (Go lets
+// forks proceed concurrently): in the SELinux node VM a shim criserver started at that
+// moment inherited /proc/<pid>/uid_map (its exec closed it with an AVC denial).
+func TestUserNSFileLeaksNoFD(t *testing.T) {
+	testutil.RequiresRoot(t, "user namespaces")
+	stop := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+			f, err := userNSFile("0:100000:65536", "0:100000:65536")
+			if err != nil {
+				done <- err
+				return
+			}
+			f.Close()
+		}
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	runs, leaked := 0, false
+	for !leaked && time.Now().Before(deadline) {
+		out, err := exec.Command("ls", "-l", "/proc/self/fd").Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs++
+		if leaked = strings.Contains(string(out), "_map"); leaked {
+			t.Errorf("a process started while a user namespace was made inherited its id map file (run %d):\n%s", runs, out)
+		}
+	}
+	close(stop)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d processes started", runs)
 }

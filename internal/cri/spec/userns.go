@@ -193,17 +193,20 @@ func probeUserNS() (fd int, cleanup func(), err error) {
 		return -1, nil, fmt.Errorf("probe user namespace: %w", err)
 	}
 	cmd := exec.Command(sleep, "10")
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags:  unix.CLONE_NEWUSER,
-		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 65534, Size: 1}},
-		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 65534, Size: 1}},
-	}
+	// The maps are written after the start, not with UidMappings, whose file a
+	// concurrent fork can inherit (mount.WriteIDMaps).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWUSER}
 	if err := cmd.Start(); err != nil {
 		return -1, nil, fmt.Errorf("start a process in a new user namespace: %w", err)
 	}
 	stop := func() {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
+	}
+	one := []syscall.SysProcIDMap{{ContainerID: 0, HostID: 65534, Size: 1}}
+	if err := mount.WriteIDMaps(cmd.Process.Pid, one, one); err != nil {
+		stop()
+		return -1, nil, fmt.Errorf("probe user namespace: %w", err)
 	}
 	fd, err = unix.Open(fmt.Sprintf("/proc/%d/ns/user", cmd.Process.Pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	stop()
