@@ -119,15 +119,6 @@ func OOMScoreAdj(pid int) (int, error) {
 	return v, nil
 }
 
-// SetOOMScoreAdj writes the oom_score_adj of pid.
-func SetOOMScoreAdj(pid, score int) error {
-	p := "/proc/" + strconv.Itoa(pid) + "/oom_score_adj"
-	if err := os.WriteFile(p, []byte(strconv.Itoa(score)), 0); err != nil {
-		return fmt.Errorf("write %s: %w", p, err)
-	}
-	return nil
-}
-
 // ClampOOMScoreAdj returns the score the shim can really give a child: a process without
 // CAP_SYS_RESOURCE may not go below its own oom_score_adj, so lower requests are raised
 // to floor. The second result tells whether the value was changed.
