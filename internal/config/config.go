@@ -216,6 +216,12 @@ type RegistryConfig struct {
 	Insecure []string `toml:"insecure" comment:"hosts (host or host:port) allowed over plain HTTP or unverified TLS; localhost is always allowed over HTTP"`
 	// MaxConcurrentDownloads bounds parallel layer downloads per pull.
 	MaxConcurrentDownloads int `toml:"max_concurrent_downloads" comment:"layers downloaded at once per pull"`
+	// ConfigPath is a directory of containerd-style host directories
+	// (<host>/hosts.toml, certificates), read again on every pull.
+	ConfigPath string `toml:"config_path" comment:"directory of containerd hosts.toml host directories (e.g. /etc/crisp/certs.d or /etc/containerd/certs.d), re-read on every pull; empty: none"`
+	// AuthFile is a Docker/containers config.json whose credentials are used when a
+	// pull request carries none.
+	AuthFile string `toml:"auth_file" comment:"node credentials (Docker config.json format), used when a pull carries no credentials; empty: none"`
 }
 
 // ImageConfig configures the image store.
@@ -231,6 +237,11 @@ type ImageConfig struct {
 	// keeps the node's own writes (logs, the metadata database, container layers) working.
 	MinFreeBytes   int64   `toml:"min_free_bytes" comment:"free bytes a pull must leave on the image filesystem (the larger of this and min_free_percent applies; 0 disables)"`
 	MinFreePercent float64 `toml:"min_free_percent" comment:"free space, in percent of the image filesystem's size, a pull must leave (0 disables)"`
+	// PullProgressTimeout cancels a pull whose bytes stop arriving for this long;
+	// kubelet gives PullImage no deadline of its own. 0 disables it.
+	PullProgressTimeout Duration `toml:"pull_progress_timeout" comment:"cancel a pull that receives no bytes for this long, e.g. \"5m\" (0s disables)"`
+	// SignaturePolicy is a containers-policy.json(5) file enforced at pull; empty: off.
+	SignaturePolicy string `toml:"signature_policy" comment:"containers-policy.json(5) file every pull must satisfy; empty: no signature policy"`
 }
 
 // CNIConfig configures libcni and the default network written on a fresh node.
@@ -318,6 +329,8 @@ func Default() Config {
 			Pinned:         []string{},
 			MinFreeBytes:   DefaultImageMinFreeBytes,
 			MinFreePercent: DefaultImageMinFreePercent,
+			// containerd's image_pull_progress_timeout default.
+			PullProgressTimeout: Duration(5 * time.Minute),
 		},
 		Streaming: StreamingConfig{
 			Address:            "127.0.0.1",
@@ -435,6 +448,11 @@ func (c Config) Validate() error {
 	if c.Registry.MaxConcurrentDownloads <= 0 {
 		return fmt.Errorf("registry.max_concurrent_downloads must be positive, got %d", c.Registry.MaxConcurrentDownloads)
 	}
+	for key, p := range map[string]string{"registry.config_path": c.Registry.ConfigPath, "registry.auth_file": c.Registry.AuthFile} {
+		if p != "" && !filepath.IsAbs(p) {
+			return fmt.Errorf("%s: %q must be an absolute path", key, p)
+		}
+	}
 	for host, eps := range c.Registry.Mirrors {
 		for _, ep := range eps {
 			if !strings.HasPrefix(ep, "http://") && !strings.HasPrefix(ep, "https://") {
@@ -506,6 +524,14 @@ func (i ImageConfig) validate() error {
 	// NaN fails both comparisons, so it is refused too.
 	if !(i.MinFreePercent >= 0 && i.MinFreePercent < 100) {
 		return fmt.Errorf("image.min_free_percent must be at least 0 (off) and below 100, got %v", i.MinFreePercent)
+	}
+	if t := time.Duration(i.PullProgressTimeout); t < 0 || t > maxSeconds*time.Second {
+		return fmt.Errorf("image.pull_progress_timeout must be 0s (off) or a positive duration of at most a week, got %v", t)
+	} else if t > 0 && t < time.Second {
+		return fmt.Errorf("image.pull_progress_timeout must be at least 1s (or 0s: off), got %v; it is a time without any byte, not a pull's duration", t)
+	}
+	if i.SignaturePolicy != "" && !filepath.IsAbs(i.SignaturePolicy) {
+		return fmt.Errorf("image.signature_policy: %q must be an absolute path", i.SignaturePolicy)
 	}
 	return nil
 }

@@ -85,6 +85,15 @@ type Config struct {
 	// filesystem; checked against the layers' sizes before they are downloaded and
 	// while they are written.
 	Reserve diskspace.Reserve
+	// HostsDir is a directory of containerd hosts.toml host directories, read on every
+	// pull; a registry with a directory there (its own, a wildcard or _default) is
+	// reached as it says, and Mirrors are not used for it. Empty: none.
+	HostsDir string
+	// AuthFile is a Docker config.json with credentials for pulls that carry none.
+	AuthFile string
+	// ProgressTimeout cancels a request (and so the pull) when no byte of it arrives
+	// for this long; 0 disables it.
+	ProgressTimeout time.Duration
 }
 
 // Layer is one layer blob of a pulled image.
