@@ -41,6 +41,13 @@ require (
 )
 
 require (
+	github.com/containerd/log/otel v0.1.0 // indirect
+	github.com/felixge/httpsnoop v1.1.0 // indirect
+	github.com/moby/locker v1.0.1 // indirect
+	go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp v0.71.0 // indirect
+)
+
+require (
 	github.com/containerd/nri v0.12.3
 	github.com/knqyf263/go-plugin v0.9.0 // indirect
 	github.com/tetratelabs/wazero v1.11.0 // indirect

@@ -2,6 +2,7 @@ package imagetest
 
 import (
 	"bufio"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/registry"
 	digest "github.com/opencontainers/go-digest"
@@ -25,6 +27,8 @@ type RegistryOption func(*registryConfig)
 type registryConfig struct {
 	middlewares []func(http.Handler) http.Handler
 	tls         bool
+	tlsConfig   *tls.Config
+	pathPrefix  string
 	// closing is closed when the test ends, releasing handlers that stall on purpose.
 	closing chan struct{}
 }
@@ -43,8 +47,14 @@ func StartRegistry(t testing.TB, opts ...RegistryOption) string {
 	for i := len(cfg.middlewares) - 1; i >= 0; i-- {
 		h = cfg.middlewares[i](h)
 	}
+	if cfg.pathPrefix != "" {
+		h = underPrefix(cfg.pathPrefix, h)
+	}
 	srv := httptest.NewUnstartedServer(h)
-	if cfg.tls {
+	if cfg.tlsConfig != nil {
+		srv.TLS = cfg.tlsConfig
+	}
+	if cfg.tls || cfg.tlsConfig != nil {
 		srv.StartTLS()
 	} else {
 		srv.Start()
@@ -61,6 +71,60 @@ func StartRegistry(t testing.TB, opts ...RegistryOption) string {
 // only if they skip verification (as they do for insecure or loopback registries).
 func WithTLS() RegistryOption {
 	return func(c *registryConfig) { c.tls = true }
+}
+
+// WithServerTLS serves HTTPS with cfg (see CA.ServerTLS): a certificate clients must
+// be told to trust, and client certificates if cfg asks for them.
+func WithServerTLS(cfg *tls.Config) RegistryOption {
+	return func(c *registryConfig) { c.tlsConfig = cfg }
+}
+
+// WithPathPrefix serves the registry API under prefix instead of /v2, as a registry
+// needing containerd's override_path does: prefix+"/x" is served as /v2/x, and
+// requests outside prefix get 404.
+func WithPathPrefix(prefix string) RegistryOption {
+	return func(c *registryConfig) { c.pathPrefix = strings.TrimSuffix(prefix, "/") }
+}
+
+func underPrefix(prefix string, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rest, ok := strings.CutPrefix(r.URL.Path, prefix)
+		if !ok || (rest != "" && !strings.HasPrefix(rest, "/")) {
+			http.NotFound(w, r)
+			return
+		}
+		r = r.Clone(r.Context())
+		r.URL.Path = "/v2" + rest
+		r.URL.RawPath = ""
+		next.ServeHTTP(w, r)
+	})
+}
+
+// WithSlowBlobs sends matching blobs chunk bytes at a time, every interval: a slow
+// registry that keeps moving.
+func WithSlowBlobs(match BlobMatcher, chunk int, every time.Duration) RegistryOption {
+	return func(c *registryConfig) {
+		blobFault(match, func(w http.ResponseWriter, r *http.Request, d digest.Digest, body []byte) {
+			blobHeaders(w, d)
+			w.Header().Set("Content-Length", fmt.Sprint(len(body)))
+			w.WriteHeader(http.StatusOK)
+			for len(body) > 0 {
+				n := min(chunk, len(body))
+				if _, err := w.Write(body[:n]); err != nil {
+					return
+				}
+				w.(http.Flusher).Flush()
+				body = body[n:]
+				select {
+				case <-time.After(every):
+				case <-r.Context().Done():
+					return
+				case <-c.closing:
+					return
+				}
+			}
+		})(c)
+	}
 }
 
 // WithMiddleware wraps the registry with mw.

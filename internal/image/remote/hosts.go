@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/containerd/containerd/v2/core/remotes/docker"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 
 	"github.com/crisp-runtime/crisp/internal/version"
@@ -55,6 +56,21 @@ type endpoint struct {
 	plainHTTP bool   // the endpoint may be reached over plain HTTP
 	mirror    bool   // a mirror, not the registry named in the reference
 	display   string // how messages name the endpoint
+
+	// What a hosts.toml may set; the zero values are the registry API's defaults.
+	apiRoot   string                  // the API root replacing "/v2" in request paths ("/hub/v2", "/custom")
+	header    http.Header             // sent with every request
+	caps      docker.HostCapabilities // pull and resolve matter here
+	transport *http.Transport         // the host's own TLS (CA, client certificates, skip_verify)
+	fromDir   string                  // the host directory it came from
+}
+
+// allCaps is what an endpoint not restricted by a hosts.toml may do.
+const allCaps = docker.HostCapabilityPull | docker.HostCapabilityResolve
+
+// custom reports whether ep needs a transport of its own.
+func (ep endpoint) custom() bool {
+	return ep.fromDir != ""
 }
 
 // parseMirror parses a mirror endpoint: "http://127.0.0.1:5001", "https://m.example",
@@ -80,6 +96,7 @@ func parseMirror(s string) (endpoint, error) {
 		plainHTTP: u.Scheme == "http",
 		mirror:    true,
 		display:   raw,
+		caps:      allCaps,
 	}, nil
 }
 
@@ -130,9 +147,14 @@ func splitHost(hostport string) string {
 // listed in Config.Insecure (with or without the port), inside a listed CIDR, or a
 // loopback address, which docker and containerd always treat as insecure.
 func (p *hostPolicy) insecureHost(hostport string) bool {
+	return isLoopback(splitHost(hostport)) || p.listed(hostport)
+}
+
+// listed reports whether hostport is in Config.Insecure, by name or CIDR.
+func (p *hostPolicy) listed(hostport string) bool {
 	hostport = canonicalHost(hostport)
 	host := splitHost(hostport)
-	if p.insecure[hostport] || p.insecure[host] || isLoopback(host) {
+	if p.insecure[hostport] || p.insecure[host] {
 		return true
 	}
 	if ip := net.ParseIP(host); ip != nil {
@@ -173,6 +195,57 @@ func (t *policyTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return t.verified.RoundTrip(req)
 }
 
+// responseHeaderTimeout bounds the wait for a response's headers: a registry that
+// accepts a request and never answers must not hang a pull even with the progress
+// timeout off; a slow body is fine.
+const responseHeaderTimeout = 2 * time.Minute
+
+// endpointTransport carries the requests of one endpoint configured by a hosts.toml:
+// to its host they go with its API root, headers and TLS, under its own consent to
+// plain HTTP (its URL's scheme) and to unverified TLS (skip_verify) or crisp's
+// insecure list; the loopback exemption does not apply, as in containerd, whose
+// implicit localhost entry configures both itself. Requests to other hosts (token
+// realms, blob redirects) take the shared policy.
+type endpointTransport struct {
+	ep     endpoint
+	policy *policyTransport
+}
+
+func (t *endpointTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if len(t.ep.header) > 0 {
+		req = req.Clone(req.Context())
+		for k, vs := range t.ep.header {
+			if req.Header.Get(k) == "" {
+				req.Header[http.CanonicalHeaderKey(k)] = vs
+			}
+		}
+	}
+	if !strings.EqualFold(req.URL.Host, t.ep.host) {
+		return t.policy.RoundTrip(req)
+	}
+	if t.ep.apiRoot != "" && (req.URL.Path == "/v2" || strings.HasPrefix(req.URL.Path, "/v2/")) {
+		if len(t.ep.header) == 0 {
+			req = req.Clone(req.Context())
+		}
+		req.URL.Path = t.ep.apiRoot + req.URL.Path[len("/v2"):]
+		req.URL.RawPath = ""
+	}
+	listed := t.policy.policy.listed(req.URL.Host)
+	if req.URL.Scheme == "http" && !t.ep.plainHTTP && !listed {
+		if req.Body != nil {
+			_ = req.Body.Close()
+		}
+		return nil, fmt.Errorf("refusing plain HTTP to %s: its hosts.toml (%s) names it with https (write http:// in the host's URL, or list it in registry.insecure)", req.URL.Host, t.ep.fromDir)
+	}
+	switch {
+	case t.ep.transport != nil:
+		return t.ep.transport.RoundTrip(req)
+	case listed:
+		return t.policy.skipTLS.RoundTrip(req)
+	}
+	return t.policy.verified.RoundTrip(req)
+}
+
 func newHTTPTransport(skipVerify bool) *http.Transport {
 	return &http.Transport{
 		Proxy: http.ProxyFromEnvironment,
@@ -185,9 +258,7 @@ func newHTTPTransport(skipVerify bool) *http.Transport {
 		MaxIdleConnsPerHost: 16,
 		IdleConnTimeout:     90 * time.Second,
 		TLSHandshakeTimeout: 10 * time.Second,
-		// A registry that accepts a request and never answers must not hang a pull
-		// forever; a slow body is fine, only the headers are bounded.
-		ResponseHeaderTimeout: 2 * time.Minute,
+		ResponseHeaderTimeout: responseHeaderTimeout,
 		ExpectContinueTimeout: time.Second,
 		TLSClientConfig: &tls.Config{
 			MinVersion:         tls.VersionTLS12,
@@ -215,18 +286,23 @@ func retryable(err error) bool {
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed)
 }
 
-// newRoundTripper returns the transport every registry request goes through:
-// user agent, then retries, then the insecure-host policy.
-func newRoundTripper(policy *hostPolicy) http.RoundTripper {
-	var rt http.RoundTripper = &policyTransport{
-		policy:   policy,
-		verified: newHTTPTransport(false),
-		skipTLS:  newHTTPTransport(true),
+// wrapTransport puts around inner what every registry request goes through: user
+// agent, then retries, then the progress timeout (each attempt has its own), then
+// inner.
+func wrapTransport(inner http.RoundTripper, progress time.Duration) http.RoundTripper {
+	if progress > 0 {
+		inner = &progressTransport{next: inner, timeout: progress}
 	}
-	rt = transport.NewRetry(rt,
+	rt := transport.NewRetry(inner,
 		transport.WithRetryBackoff(retryBackoff),
 		transport.WithRetryPredicate(retryable),
 		transport.WithRetryStatusCodes(http.StatusRequestTimeout, http.StatusTooManyRequests,
 			http.StatusInternalServerError, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout))
-	return transport.NewUserAgent(rt, version.Name+"/"+version.Version)
+	return limitManifests(transport.NewUserAgent(rt, version.Name+"/"+version.Version))
+}
+
+// newPolicyTransport returns the shared transport of every endpoint not configured
+// by a hosts.toml.
+func newPolicyTransport(policy *hostPolicy) *policyTransport {
+	return &policyTransport{policy: policy, verified: newHTTPTransport(false), skipTLS: newHTTPTransport(true)}
 }

@@ -17,7 +17,10 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/distribution/reference"
+	"github.com/containerd/containerd/v2/core/remotes/docker"
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 	digest "github.com/opencontainers/go-digest"
@@ -124,8 +127,12 @@ type Image struct {
 type Puller struct {
 	cs           *content.Store
 	log          *slog.Logger
-	rt           http.RoundTripper
+	rt           http.RoundTripper // p.base with what every request goes through
+	base         *policyTransport
 	policy       *hostPolicy
+	hostsDir     string
+	authFile     string
+	progress     time.Duration
 	mirrors      map[string][]endpoint
 	platform     ocispec.Platform
 	maxDownloads int
@@ -149,6 +156,9 @@ func New(cfg Config, cs *content.Store, log *slog.Logger) *Puller {
 		maxDownloads: cfg.MaxConcurrentDownloads,
 		reserve:      cfg.Reserve,
 		deferSync:    cfg.DeferSync,
+		hostsDir:     cfg.HostsDir,
+		authFile:     cfg.AuthFile,
+		progress:     cfg.ProgressTimeout,
 	}
 	if p.maxDownloads <= 0 {
 		p.maxDownloads = 3
@@ -177,20 +187,70 @@ func New(cfg Config, cs *content.Store, log *slog.Logger) *Puller {
 			p.mirrors[key] = append(p.mirrors[key], ep)
 		}
 	}
-	p.rt = limitManifests(newRoundTripper(policy))
+	p.base = newPolicyTransport(policy)
+	p.rt = wrapTransport(p.base, p.progress)
 	p.policy = policy
 	return p
 }
 
-// endpoints returns where to pull a repository of registry domain from: its mirrors
-// in order, then the registry itself.
-func (p *Puller) endpoints(domain string) []endpoint {
-	eps := append([]endpoint(nil), p.mirrors[canonicalHost(domain)]...)
+// endpoints returns where to pull a repository of registry domain from: what its
+// host directory under HostsDir says if it has one, else its mirrors in order, then
+// the registry itself.
+func (p *Puller) endpoints(ctx context.Context, domain string) ([]endpoint, error) {
+	eps, found, err := p.hostsEndpoints(ctx, domain)
+	if found || err != nil {
+		return eps, err
+	}
+	eps = append([]endpoint(nil), p.mirrors[canonicalHost(domain)]...)
 	return append(eps, endpoint{
 		host:      domain,
 		plainHTTP: p.policy.plainHTTP(domain),
 		display:   domain,
-	})
+		caps:      allCaps,
+	}), nil
+}
+
+// transportFor returns the transport of requests to ep.
+func (p *Puller) transportFor(ep endpoint) http.RoundTripper {
+	if !ep.custom() {
+		return p.rt
+	}
+	return wrapTransport(&endpointTransport{ep: ep, policy: p.base}, p.progress)
+}
+
+// credsFunc returns the authenticator for a repository path on an endpoint, and
+// whether it carries credentials.
+type credsFunc func(ep endpoint, path string) (authn.Authenticator, bool, error)
+
+// credentials returns how a pull from registry domain authenticates to each endpoint:
+// with the request's credentials where they are meant to go, else with the node's
+// auth file's entry for the endpoint's host and repository, else anonymously. The
+// file is read once per pull, when first needed, so that edits apply to the next
+// pull.
+func (p *Puller) credentials(auth *Auth, domain string) credsFunc {
+	var (
+		af     *authFile
+		afErr  error
+		afRead bool
+	)
+	return func(ep endpoint, path string) (authn.Authenticator, bool, error) {
+		a, withCreds, err := auth.credentials(ep.host, domain)
+		if err != nil || withCreds || p.authFile == "" {
+			return a, withCreds, err
+		}
+		if !afRead {
+			af, afErr = readAuthFile(p.authFile)
+			afRead = true
+		}
+		if afErr != nil {
+			return nil, false, fmt.Errorf("%w: %w", afErr, errdefs.ErrFailedPrecondition)
+		}
+		fa, ok := af.lookup(ep.host, path)
+		if !ok {
+			return authn.Anonymous, false, nil
+		}
+		return fa.credentials(ep.host, ep.host)
+	}
 }
 
 // Pull resolves ref (an index to the manifest for the configured platform; Docker
@@ -242,11 +302,27 @@ func (p *Puller) PullLayers(ctx context.Context, ref string, auth *Auth, unpacke
 	if _, _, err := auth.credentials(reference.Domain(named), reference.Domain(named)); err != nil {
 		return nil, fmt.Errorf("pull %s: %w", name, err)
 	}
-	eps := p.endpoints(reference.Domain(named))
+	domain := reference.Domain(named)
+	eps, err := p.endpoints(ctx, domain)
+	if err != nil {
+		return nil, fmt.Errorf("pull %s: %w", name, err)
+	}
+	defer closeIdle(eps)
+	creds := p.credentials(auth, domain)
+	target := named
+	if _, byDigest := named.(reference.Digested); !byDigest && !allResolve(eps) {
+		d, err := p.resolve(ctx, named, eps, creds)
+		if err != nil {
+			return nil, fmt.Errorf("pull %s: %w", name, err)
+		}
+		if target, err = reference.WithDigest(reference.TrimNamed(named), d); err != nil {
+			return nil, fmt.Errorf("pull %s: %w", name, err)
+		}
+	}
 	var mirrorErrs []string
 	for i, ep := range eps {
 		var stats pullStats
-		img, err := p.pullFrom(ctx, named, ep, auth, &stats, unpacker)
+		img, err := p.pullFrom(ctx, target, ep, creds, &stats, unpacker)
 		if err == nil {
 			img.Name = name
 			img.Downloaded = stats.bytes.Load()
@@ -274,6 +350,56 @@ func (p *Puller) PullLayers(ctx context.Context, ref string, auth *Auth, unpacke
 	panic("unreachable: endpoints always ends with the registry")
 }
 
+// allResolve reports whether every endpoint may resolve tags: then each is asked
+// for the tag itself, else the tag is resolved once by those that may.
+func allResolve(eps []endpoint) bool {
+	for _, ep := range eps {
+		if !ep.caps.Has(docker.HostCapabilityResolve) {
+			return false
+		}
+	}
+	return true
+}
+
+// resolve returns the digest tag ref names, asked of the endpoints with the resolve
+// capability in order, as containerd asks hosts with both pull and resolve.
+func (p *Puller) resolve(ctx context.Context, named reference.Named, eps []endpoint, creds credsFunc) (digest.Digest, error) {
+	var errs []string
+	for _, ep := range eps {
+		if !ep.caps.Has(docker.HostCapabilityResolve) {
+			continue
+		}
+		src, err := p.open(ctx, named, ep, creds)
+		if err == nil {
+			var desc *v1.Descriptor
+			ref := src.repo.Tag(named.(reference.Tagged).Tag())
+			desc, err = remote.Head(ref, remote.WithContext(ctx), remote.WithTransport(src.tr))
+			if err == nil {
+				return digest.Digest(desc.Digest.String()), nil
+			}
+			err = classify(err, ep, "tag "+named.String(), src.withCreds)
+		}
+		if ctx.Err() != nil {
+			return "", err
+		}
+		errs = append(errs, err.Error())
+	}
+	if len(errs) == 0 {
+		return "", fmt.Errorf("no host in %s has the resolve capability to resolve tag %s: pull it by digest or give a host \"resolve\": %w", eps[0].fromDir, named, errdefs.ErrFailedPrecondition)
+	}
+	return "", fmt.Errorf("resolve tag: %s", strings.Join(errs, "; "))
+}
+
+// closeIdle closes the idle connections of the endpoints' own transports: they are
+// made for one pull.
+func closeIdle(eps []endpoint) {
+	for _, ep := range eps {
+		if ep.transport != nil {
+			ep.transport.CloseIdleConnections()
+		}
+	}
+}
+
 // pullStats counts what one pull downloaded, for the log.
 type pullStats struct {
 	blobs atomic.Int64
@@ -289,9 +415,8 @@ type source struct {
 	withCreds bool
 }
 
-// pullFrom pulls named from one endpoint.
-func (p *Puller) pullFrom(ctx context.Context, named reference.Named, ep endpoint, auth *Auth, stats *pullStats, unpacker Unpacker) (*Image, error) {
-	domain := reference.Domain(named)
+// open starts talking to named's repository on ep: the ping and token handshake.
+func (p *Puller) open(ctx context.Context, named reference.Named, ep endpoint, creds credsFunc) (*source, error) {
 	path := reference.Path(named)
 	if ep.prefix != "" {
 		path = ep.prefix + "/" + path
@@ -304,18 +429,27 @@ func (p *Puller) pullFrom(ctx context.Context, named reference.Named, ep endpoin
 	if err != nil {
 		return nil, fmt.Errorf("repository %s on %s: %w: %w", path, ep.display, err, errdefs.ErrInvalidArgument)
 	}
-	authr, withCreds, err := auth.credentials(ep.host, domain)
+	authr, withCreds, err := creds(ep, path)
 	if err != nil {
 		return nil, err
 	}
 	// One handshake (ping, token) per repository and pull, shared by the manifest
 	// requests (go-containerregistry's remote) and the blob downloads: a
 	// transport.Wrapper is used by remote as is.
-	tr, err := transport.NewWithContext(ctx, repo.Registry, authr, p.rt, []string{repo.Scope(transport.PullScope)})
+	tr, err := transport.NewWithContext(ctx, repo.Registry, authr, p.transportFor(ep), []string{repo.Scope(transport.PullScope)})
 	if err != nil {
 		return nil, classify(err, ep, "repository "+path, withCreds)
 	}
-	src := &source{ep: ep, repo: repo, tr: tr, client: &http.Client{Transport: tr}, withCreds: withCreds}
+	return &source{ep: ep, repo: repo, tr: tr, client: &http.Client{Transport: tr}, withCreds: withCreds}, nil
+}
+
+// pullFrom pulls named from one endpoint.
+func (p *Puller) pullFrom(ctx context.Context, named reference.Named, ep endpoint, creds credsFunc, stats *pullStats, unpacker Unpacker) (*Image, error) {
+	src, err := p.open(ctx, named, ep, creds)
+	if err != nil {
+		return nil, err
+	}
+	repo := src.repo
 
 	var gref name.Reference
 	what := "image " + named.String()
@@ -599,7 +733,9 @@ func (p *Puller) fetchWith(ctx context.Context, src *source, desc ocispec.Descri
 			}
 			return p.download(fctx, src, desc, stats, tee)
 		})
-		if err == nil || !shared || attempt > 0 || ctx.Err() != nil {
+		// A stalled download is not tried again by the pulls that shared it: each
+		// would wait out the timeout anew.
+		if err == nil || !shared || attempt > 0 || ctx.Err() != nil || isStalled(err) {
 			return err
 		}
 		p.log.Debug("shared download failed, downloading again", "digest", desc.Digest, "err", err)
@@ -669,7 +805,7 @@ type connReader struct {
 func (c *connReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.read += int64(n)
-	if err != nil && err != io.EOF && c.ctx.Err() == nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+	if err != nil && err != io.EOF && c.ctx.Err() == nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) && !isStalled(err) {
 		err = fmt.Errorf("connection to %s lost after %d bytes (%w): %w", c.ep.where(), c.read, err, errdefs.ErrUnavailable)
 	}
 	return n, err

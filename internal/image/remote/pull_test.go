@@ -791,7 +791,7 @@ func TestPullTLSRegistry(t *testing.T) {
 	// may skip verification.
 	host := imagetest.StartRegistry(t, imagetest.WithTLS())
 	img := imagetest.BuildImage(t, twoLayerEntries()...)
-	imagetest.Push(t, host, "tls/app:v1", img, ggcrremote.WithTransport(newRoundTripper(newHostPolicy(nil, slog.Default()))))
+	imagetest.Push(t, host, "tls/app:v1", img, ggcrremote.WithTransport(wrapTransport(newPolicyTransport(newHostPolicy(nil, slog.Default())), 0)))
 	p, cs := newPuller(t, Config{})
 	got, err := p.Pull(context.Background(), host+"/tls/app:v1", nil)
 	if err != nil {

@@ -1,0 +1,130 @@
+package remote
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/containerd/errdefs"
+)
+
+// maxAuthFileSize bounds what is read of the node's auth file; real ones are a few KiB.
+const maxAuthFileSize = 4 << 20
+
+// authFile is the node's credentials file in the Docker config.json and
+// containers-auth.json(5) format: "auths" keyed by registry host, or by
+// host/namespace/repository for credentials of one repository.
+type authFile struct {
+	Auths map[string]authEntry `json:"auths"`
+	// Credential helpers are run by neither crisp nor kubelet's CRI; their presence
+	// is reported so that an empty lookup is not a mystery.
+	CredsStore  string            `json:"credsStore"`
+	CredHelpers map[string]string `json:"credHelpers"`
+}
+
+type authEntry struct {
+	Auth          string `json:"auth"`
+	Username      string `json:"username"`
+	Password      string `json:"password"`
+	IdentityToken string `json:"identitytoken"`
+	RegistryToken string `json:"registrytoken"`
+}
+
+// readAuthFile reads and checks path. Its errors name the file and the entry, never
+// a secret.
+func readAuthFile(path string) (*authFile, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("registry.auth_file: %w", err)
+	}
+	defer f.Close()
+	var af authFile
+	dec := json.NewDecoder(&limitReader{r: f, left: maxAuthFileSize})
+	if err := dec.Decode(&af); err != nil {
+		return nil, fmt.Errorf("registry.auth_file %s: not a config.json: %w", path, err)
+	}
+	for key, e := range af.Auths {
+		if authKey(key) == "" {
+			return nil, fmt.Errorf("registry.auth_file %s: auths entry %q names no registry", path, key)
+		}
+		if e.Auth != "" {
+			if _, _, err := decodeAuth(e.Auth); err != nil {
+				return nil, fmt.Errorf("registry.auth_file %s: auths entry %q: %w", path, key, err)
+			}
+		}
+	}
+	return &af, nil
+}
+
+// CheckAuthFile reads path as an auth file, for a configuration check.
+func CheckAuthFile(path string) error {
+	if path == "" {
+		return nil
+	}
+	_, err := readAuthFile(path)
+	return err
+}
+
+// authKey normalizes an auths key: the scheme and docker's "/v1/" path go, Docker
+// Hub's names fold into docker.io, and a repository path stays.
+func authKey(key string) string {
+	key = strings.TrimSpace(key)
+	if i := strings.Index(key, "://"); i >= 0 {
+		key = key[i+3:]
+	}
+	key = strings.TrimSuffix(strings.TrimSuffix(key, "/"), "/v1")
+	key = strings.TrimSuffix(key, "/v2")
+	host, path, _ := strings.Cut(key, "/")
+	host = canonicalHost(host)
+	if host == "" {
+		return ""
+	}
+	if path == "" {
+		return host
+	}
+	return host + "/" + path
+}
+
+// lookup returns the credentials for repository repo (a path, "library/busybox")
+// on host: the most specific entry wins, host/namespace/repo before host/namespace
+// before host, as containers-auth.json(5) says.
+func (af *authFile) lookup(host, repo string) (*Auth, bool) {
+	host = canonicalHost(host)
+	byKey := make(map[string]authEntry, len(af.Auths))
+	for k, e := range af.Auths {
+		byKey[authKey(k)] = e
+	}
+	parts := strings.Split(repo, "/")
+	for n := len(parts); n >= 0; n-- {
+		key := host
+		if n > 0 {
+			key += "/" + strings.Join(parts[:n], "/")
+		}
+		if e, ok := byKey[key]; ok {
+			return &Auth{Username: e.Username, Password: e.Password, Auth: e.Auth, IdentityToken: e.IdentityToken, RegistryToken: e.RegistryToken, ServerAddress: host}, true
+		}
+	}
+	return nil, false
+}
+
+// limitReader is io.LimitReader that fails instead of ending the stream early, so a
+// file cut at the limit is not taken for a whole one.
+type limitReader struct {
+	r    interface{ Read([]byte) (int, error) }
+	left int64
+}
+
+func (l *limitReader) Read(p []byte) (int, error) {
+	if l.left <= 0 {
+		return 0, fmt.Errorf("larger than %d bytes: %w", maxAuthFileSize, errdefs.ErrInvalidArgument)
+	}
+	if int64(len(p)) > l.left {
+		p = p[:l.left]
+	}
+	n, err := l.r.Read(p)
+	l.left -= int64(n)
+	return n, err
+}
+
+
