@@ -50,20 +50,35 @@ func main() {
 		fs.Usage()
 		os.Exit(2)
 	}
+	os.Exit(serve(*cfgPath))
+}
+
+// serve runs the CRI server with the config at cfgPath (the defaults when empty) and
+// returns the exit code.
+func serve(cfgPath string) int {
+	// First: SIGHUP's default action ends the process, and `systemctl reload` may send
+	// it while the server is still starting. The request waits in the channel until
+	// the daemon can apply it.
+	reload := make(chan os.Signal, 1)
+	signal.Notify(reload, syscall.SIGHUP)
+	defer signal.Stop(reload)
 	cfg := config.Default()
-	if *cfgPath != "" {
+	if cfgPath != "" {
 		var err error
-		if cfg, err = config.Load(*cfgPath); err != nil {
+		if cfg, err = config.Load(cfgPath); err != nil {
 			fmt.Fprintln(os.Stderr, "criserver:", err)
-			os.Exit(1)
+			return 1
 		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := daemon.Run(ctx, cfg, daemon.NewLogger(cfg.LogLevel)); err != nil {
+	log, level := daemon.NewLogger(cfg.LogLevel)
+	err := daemon.Run(ctx, cfg, daemon.Options{ConfigPath: cfgPath, Log: log, Level: level, Reload: reload})
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "criserver:", err)
-		os.Exit(1)
+		return 1
 	}
+	return 0
 }
 
 // check runs the preflight checks against the config criserver would run with and

@@ -20,7 +20,6 @@ import (
 	"github.com/crisp-runtime/crisp/internal/cri"
 	"github.com/crisp-runtime/crisp/internal/daemon/memtrim"
 	"github.com/crisp-runtime/crisp/internal/image"
-	"github.com/crisp-runtime/crisp/internal/image/remote"
 	"github.com/crisp-runtime/crisp/internal/metrics"
 	"github.com/crisp-runtime/crisp/internal/network"
 	"github.com/crisp-runtime/crisp/internal/nri"
@@ -32,15 +31,42 @@ import (
 // maxMsgSize matches kubelet's 16 MiB limit on CRI messages.
 const maxMsgSize = 16 << 20
 
-// NewLogger returns criserver's structured logger at the configured level.
-func NewLogger(level string) *slog.Logger {
-	var l slog.Level
-	_ = l.UnmarshalText([]byte(level))
-	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
+// NewLogger returns criserver's structured logger at the configured level, and the
+// level it filters at, which a reload of the config sets.
+func NewLogger(level string) (*slog.Logger, *slog.LevelVar) {
+	lv := new(slog.LevelVar)
+	lv.Set(parseLevel(level))
+	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: lv})), lv
+}
+
+// Options are what Run needs besides the config.
+type Options struct {
+	// ConfigPath is the file the config was loaded from, read again on each reload
+	// request; empty when criserver runs on the defaults.
+	ConfigPath string
+	// Log is criserver's logger and Level the level its handler filters at, as
+	// NewLogger returns them; a reload sets Level.
+	Log   *slog.Logger
+	Level *slog.LevelVar
+	// Reload delivers reload requests (SIGHUP). The caller subscribes it before it
+	// does anything slow, since SIGHUP's default action ends the process; requests
+	// that arrive before Run is ready wait in it. Nil: no reloads.
+	Reload <-chan os.Signal
 }
 
 // Run serves the CRI until ctx is cancelled; pods keep running after it returns.
-func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
+func Run(ctx context.Context, cfg config.Config, opts Options) error {
+	log := opts.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	log.Info("criserver starting", "version", version.Version, "config", opts.ConfigPath)
+	// Built first: a registry setting that cannot work fails the start before any
+	// state is touched.
+	rc, err := remoteConfig(cfg)
+	if err != nil {
+		return err
+	}
 	for _, dir := range []string{cfg.RootDir, cfg.StateDir, filepath.Dir(cfg.Socket)} {
 		if err := os.MkdirAll(dir, 0o711); err != nil {
 			return fmt.Errorf("create %s: %w", dir, err)
@@ -61,6 +87,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	var m *metrics.Metrics
 	if cfg.Metrics.Address != "" {
 		m = metrics.New()
+		m.ConfigLoaded()
 		stop, err := serveMetrics(cfg.Metrics.Address, m, log)
 		if err != nil {
 			return err
@@ -101,12 +128,8 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		return err
 	}
 	images, err := image.New(image.Config{
-		Root: filepath.Join(cfg.RootDir, "images"),
-		Remote: remote.Config{
-			Mirrors:                cfg.Registry.Mirrors,
-			Insecure:               cfg.Registry.Insecure,
-			MaxConcurrentDownloads: cfg.Registry.MaxConcurrentDownloads,
-		},
+		Root:           filepath.Join(cfg.RootDir, "images"),
+		Remote:         rc,
 		Pinned:         cfg.Image.Pinned,
 		MinFreeBytes:   cfg.Image.MinFreeBytes,
 		MinFreePercent: cfg.Image.MinFreePercent,
@@ -114,6 +137,13 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	}, st, log.With("component", "image"))
 	if err != nil {
 		return fmt.Errorf("open image store: %w", err)
+	}
+	// Reloads are served from here on (what they change exists now), while the rest
+	// of the start goes on; a request that came earlier has waited in opts.Reload.
+	if opts.Reload != nil {
+		r := &reloader{path: opts.ConfigPath, level: opts.Level, images: images, metrics: m,
+			log: log.With("component", "reload"), running: cfg}
+		defer r.start(opts.Reload)()
 	}
 	svc := cri.New(cfg, st, ctrl, netMgr, images, log.With("component", "cri"))
 	// Before ctrl.Close (defers run last first): exit monitors must be gone before the

@@ -16,6 +16,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -151,13 +152,16 @@ func (i *Image) clone() *Image {
 
 // Service is the image store. It is safe for concurrent use.
 type Service struct {
+	// cfg is the configuration New was given; Reconfigure replaces the puller and
+	// the pinned set, not cfg.Remote and cfg.Pinned, which nothing reads after New.
 	cfg     Config
 	store   *store.Store
 	content *content.Store
 	snaps   *snapshot.Snapshotter
-	puller  *remote.Puller
+	// puller is replaced whole by Reconfigure: a pull loads it once and finishes on
+	// the one it loaded.
+	puller  atomic.Pointer[remote.Puller]
 	log     *slog.Logger
-	pinned  map[string]bool
 	reserve diskspace.Reserve
 
 	// gcMu lets pulls run together but never while unreferenced content is freed, so
@@ -167,6 +171,7 @@ type Service struct {
 	mu     sync.RWMutex
 	images map[string]*Image // by ID
 	refs   map[string]string // tag or digest reference -> ID
+	pinned map[string]bool   // normalized references and IDs; replaced whole by Reconfigure
 }
 
 // New opens the image store under cfg.Root and loads its metadata.
@@ -179,29 +184,18 @@ func New(cfg Config, st *store.Store, log *slog.Logger) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open snapshotter: %w", err)
 	}
-	reserve := diskspace.Reserve{Path: cfg.Root, Bytes: cfg.MinFreeBytes, Percent: cfg.MinFreePercent}
-	cfg.Remote.Reserve = reserve
-	// pull flushes the store once for an image, and New frees unreferenced blobs.
-	cfg.Remote.DeferSync = true
 	s := &Service{
 		cfg:     cfg,
 		store:   st,
 		content: cs,
 		snaps:   snaps,
-		puller:  remote.New(cfg.Remote, cs, log.With("component", "pull")),
 		log:     log,
-		reserve: reserve,
-		pinned:  map[string]bool{},
+		reserve: diskspace.Reserve{Path: cfg.Root, Bytes: cfg.MinFreeBytes, Percent: cfg.MinFreePercent},
+		pinned:  pinnedSet(cfg.Pinned),
 		images:  map[string]*Image{},
 		refs:    map[string]string{},
 	}
-	for _, p := range cfg.Pinned {
-		if named, err := remote.Normalize(p); err == nil {
-			s.pinned[named.String()] = true
-		} else {
-			s.pinned[p] = true
-		}
-	}
+	s.puller.Store(s.newPuller(cfg.Remote))
 	err = st.ForEach(imageBucket, func(id string, data []byte) error {
 		var img Image
 		if err := json.Unmarshal(data, &img); err != nil {
@@ -232,6 +226,45 @@ func New(cfg Config, st *store.Store, log *slog.Logger) (*Service, error) {
 	}
 	cfg.Metrics.WatchImages(s.storeSize)
 	return s, nil
+}
+
+// newPuller returns a puller with the registry settings rc and what the store itself
+// requires of every puller, whatever the settings: its free-space reserve, and
+// unsynced blob writes (pull flushes the store once for an image, and New frees
+// unreferenced blobs).
+func (s *Service) newPuller(rc remote.Config) *remote.Puller {
+	rc.Reserve = s.reserve
+	rc.DeferSync = true
+	return remote.New(rc, s.content, s.log.With("component", "pull"))
+}
+
+// pinnedSet is the set Pinned looks references up in: each normalized as pulls
+// record them, so "busybox" pins docker.io/library/busybox:latest. An image ID is
+// kept as it is: Normalize would read "sha256:<hex>" as repository sha256 with a tag.
+func pinnedSet(refs []string) map[string]bool {
+	set := make(map[string]bool, len(refs))
+	for _, p := range refs {
+		if strings.HasPrefix(p, "sha256:") {
+			set[p] = true
+		} else if named, err := remote.Normalize(p); err == nil {
+			set[named.String()] = true
+		} else {
+			set[p] = true
+		}
+	}
+	return set
+}
+
+// Reconfigure applies new registry settings and a new list of pinned images, as a
+// reload of criserver's config does. Pulls under way finish with the settings they
+// started with; pulls that start afterwards use rc. Images already stored are not
+// touched: only what Pinned reports changes.
+func (s *Service) Reconfigure(rc remote.Config, pinned []string) {
+	s.puller.Store(s.newPuller(rc))
+	set := pinnedSet(pinned)
+	s.mu.Lock()
+	s.pinned = set
+	s.mu.Unlock()
 }
 
 // storeSize counts the images and adds up their sizes, for metrics at scrape time.
@@ -302,7 +335,7 @@ func (s *Service) pull(ctx context.Context, named reference.Named, auth *remote.
 	defer s.gcMu.RUnlock()
 
 	start := time.Now()
-	fetched, err := s.puller.PullLayers(ctx, name, auth, func(layers []remote.Layer) remote.LayerFunc {
+	fetched, err := s.puller.Load().PullLayers(ctx, name, auth, func(layers []remote.Layer) remote.LayerFunc {
 		return s.newLayerPull(name, layers).layer
 	})
 	if err != nil {
@@ -700,10 +733,12 @@ func (s *Service) List() []*Image {
 
 // Pinned reports whether kubelet's image GC must leave img alone.
 func (s *Service) Pinned(img *Image) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
 	if s.pinned[img.ID] {
 		return true
 	}
-	for _, r := range append(append([]string{}, img.RepoTags...), img.RepoDigests...) {
+	for _, r := range slices.Concat(img.RepoTags, img.RepoDigests) {
 		if s.pinned[r] {
 			return true
 		}

@@ -25,6 +25,9 @@ const namespace = "crisp"
 const (
 	ResultSuccess = "success"
 	ResultError   = "error"
+	// ResultFailure is the failed outcome of a config reload, named as CRI-O and
+	// Prometheus name a reload that did not apply.
+	ResultFailure = "failure"
 )
 
 // Phases of a pod start (label phase of crisp_pod_start_phase_duration_seconds).
@@ -87,6 +90,8 @@ type Metrics struct {
 	shimsDead      prometheus.Counter
 	recovered      *prometheus.CounterVec
 	exits          *prometheus.CounterVec
+	reloads        *prometheus.CounterVec
+	lastReload     prometheus.Gauge
 }
 
 // New returns metrics registered in a registry of their own, with the Go runtime and
@@ -156,12 +161,25 @@ func New() *Metrics {
 			Namespace: namespace, Name: "container_exits_total",
 			Help: "Container exits seen by criserver, by reason (Completed, Error, OOMKilled, Unknown).",
 		}, []string{"reason"}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "config_reloads_total",
+			Help: "Reloads of the config file on SIGHUP, by result: success (applied) or failure (refused; the settings in force did not change).",
+		}, []string{"result"}),
+		lastReload: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "config_last_reload_success_timestamp_seconds",
+			Help: "Unix time the config in force was loaded: at start, then at each successful reload.",
+		}),
 	}
+	// Both results exist from the start, so that an alert on failures sees a 0 go to
+	// 1 rather than a series appear.
+	m.reloads.WithLabelValues(ResultSuccess)
+	m.reloads.WithLabelValues(ResultFailure)
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.grpc, m.podStart, m.podStartPhase, m.ctrCreate, m.ctrCreatePhase, m.ctrStart, m.cni,
 		m.pulls, m.pullBytes, m.pullDuration, m.shimsDead, m.recovered, m.exits,
+		m.reloads, m.lastReload,
 	)
 	return m
 }
@@ -277,6 +295,27 @@ func (m *Metrics) ContainerExited(reason string) {
 	if m != nil {
 		m.exits.WithLabelValues(reason).Inc()
 	}
+}
+
+// ConfigLoaded records that the config in force was loaded now; criserver calls it
+// at start, ConfigReloaded at each successful reload.
+func (m *Metrics) ConfigLoaded() {
+	if m != nil {
+		m.lastReload.SetToCurrentTime()
+	}
+}
+
+// ConfigReloaded counts a reload of the config file that failed with err (nil: applied).
+func (m *Metrics) ConfigReloaded(err error) {
+	if m == nil {
+		return
+	}
+	if err != nil {
+		m.reloads.WithLabelValues(ResultFailure).Inc()
+		return
+	}
+	m.reloads.WithLabelValues(ResultSuccess).Inc()
+	m.ConfigLoaded()
 }
 
 func result(err error) string {

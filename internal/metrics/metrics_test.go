@@ -44,6 +44,10 @@ func record(m *Metrics) {
 	m.ContainerExited("Completed")
 	m.ContainerExited("OOMKilled")
 	m.ContainerExited("Completed")
+	m.ConfigLoaded()
+	m.ConfigReloaded(nil)
+	m.ConfigReloaded(errors.New("log_level must be debug, info, warn or error"))
+	m.ConfigReloaded(errors.New("parse config"))
 	ctx := context.Background()
 	info := &grpc.UnaryServerInfo{FullMethod: "/runtime.v1.RuntimeService/RunPodSandbox"}
 	_, _ = m.UnaryServerInterceptor()(ctx, nil, info, func(context.Context, any) (any, error) { return "ok", nil })
@@ -104,6 +108,12 @@ crisp_images 4
 # HELP crisp_container_events_dropped_total Container events dropped for GetContainerEvents subscribers whose buffer was full.
 # TYPE crisp_container_events_dropped_total counter
 crisp_container_events_dropped_total 7
+`},
+		{"crisp_config_reloads_total", `
+# HELP crisp_config_reloads_total Reloads of the config file on SIGHUP, by result: success (applied) or failure (refused; the settings in force did not change).
+# TYPE crisp_config_reloads_total counter
+crisp_config_reloads_total{result="failure"} 2
+crisp_config_reloads_total{result="success"} 1
 `},
 		{"crisp_grpc_server_handled_total", `
 # HELP crisp_grpc_server_handled_total Total number of RPCs completed on the server, regardless of success or failure.
@@ -191,5 +201,32 @@ func BenchmarkScrape(b *testing.B) {
 		if w.Code != http.StatusOK {
 			b.Fatal(w.Code)
 		}
+	}
+}
+
+// TestConfigReloadTimestamp: the gauge is the time of the last load that applied,
+// and a failed reload leaves it alone.
+func TestConfigReloadTimestamp(t *testing.T) {
+	m := New()
+	if got := testutil.ToFloat64(m.lastReload); got != 0 {
+		t.Fatalf("before any load: %v", got)
+	}
+	before := float64(time.Now().Unix())
+	m.ConfigLoaded()
+	loaded := testutil.ToFloat64(m.lastReload)
+	if loaded < before {
+		t.Fatalf("after ConfigLoaded: %v, want at least %v", loaded, before)
+	}
+	m.ConfigReloaded(errors.New("bad file"))
+	if got := testutil.ToFloat64(m.lastReload); got != loaded {
+		t.Errorf("a failed reload moved the gauge from %v to %v", loaded, got)
+	}
+	if got := testutil.ToFloat64(m.reloads.WithLabelValues(ResultSuccess)); got != 0 {
+		t.Errorf("successes after a failure only: %v", got)
+	}
+	time.Sleep(10 * time.Millisecond)
+	m.ConfigReloaded(nil)
+	if got := testutil.ToFloat64(m.lastReload); got <= loaded {
+		t.Errorf("a successful reload left the gauge at %v (loaded at %v)", got, loaded)
 	}
 }

@@ -2,6 +2,7 @@ package remote
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -57,12 +58,16 @@ func readAuthFile(path string) (*authFile, error) {
 	return &af, nil
 }
 
-// CheckAuthFile reads path as an auth file, for a configuration check.
+// CheckAuthFile reads path as an auth file, for a configuration check. A file that
+// does not exist is fine: it holds no credentials (yet), as for containers/image.
 func CheckAuthFile(path string) error {
 	if path == "" {
 		return nil
 	}
 	_, err := readAuthFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
 	return err
 }
 

@@ -61,6 +61,10 @@ func findHostDir(root, host string) (string, error) {
 		}
 	}
 	entries, err := os.ReadDir(root)
+	if errors.Is(err, os.ErrNotExist) {
+		// As in containerd: a config_path that does not exist (yet) configures nothing.
+		return "", nil
+	}
 	if err != nil {
 		return "", fmt.Errorf("read registry config_path %s: %w", root, err)
 	}
@@ -142,12 +146,15 @@ func checkHostsFile(dir string) error {
 // CheckHostsDir checks every hosts.toml under root for what would fail a pull
 // later: decoding and capabilities. Files a hosts.toml names (certificates) are
 // read at pull time, as containerd does, so that they can be rotated without a
-// reload.
+// reload. A root that does not exist configures nothing, as in containerd.
 func CheckHostsDir(root string) error {
 	if root == "" {
 		return nil
 	}
 	entries, err := os.ReadDir(root)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("registry.config_path: %w", err)
 	}

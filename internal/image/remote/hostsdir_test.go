@@ -330,8 +330,12 @@ func TestHostsTomlErrors(t *testing.T) {
 	if err := CheckHostsDir(root); err == nil || !strings.Contains(err.Error(), "hosts.toml") {
 		t.Errorf("CheckHostsDir: %v", err)
 	}
-	if err := CheckHostsDir(filepath.Join(root, "nonexistent")); err == nil {
-		t.Error("CheckHostsDir of a missing directory succeeded")
+	// As in containerd, a config_path that does not exist configures nothing.
+	if err := CheckHostsDir(filepath.Join(root, "nonexistent")); err != nil {
+		t.Errorf("CheckHostsDir of a missing directory: %v", err)
+	}
+	if d, err := findHostDir(filepath.Join(root, "nonexistent"), "x.example"); d != "" || err != nil {
+		t.Errorf("findHostDir in a missing directory: %q, %v", d, err)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -240,6 +241,10 @@ func (p *Puller) credentials(auth *Auth, domain string) credsFunc {
 		}
 		if !afRead {
 			af, afErr = readAuthFile(p.authFile)
+			if errors.Is(afErr, os.ErrNotExist) {
+				// Node tooling may write it later: until then it holds nothing.
+				af, afErr = &authFile{}, nil
+			}
 			afRead = true
 		}
 		if afErr != nil {
