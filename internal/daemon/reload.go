@@ -9,6 +9,7 @@ import (
 
 	"github.com/crisp-runtime/crisp/internal/config"
 	"github.com/crisp-runtime/crisp/internal/image/remote"
+	"github.com/crisp-runtime/crisp/internal/image/sigpolicy"
 	"github.com/crisp-runtime/crisp/internal/metrics"
 )
 
@@ -32,10 +33,15 @@ func remoteConfig(cfg config.Config) (remote.Config, error) {
 	if err := remote.CheckAuthFile(rc.AuthFile); err != nil {
 		return rc, err
 	}
-	// SIGNATURE POLICY: load cfg.Image.SignaturePolicy here (a containers-policy.json
-	// file) into rc once remote.Config takes one. Reading or parsing it can fail:
-	// return the error naming the key ("image.signature_policy: ..."), which fails the
-	// start, and makes a reload refuse the whole file and keep the settings in force.
+	// The policy file is read here, at start and at each reload only: a file that
+	// cannot be loaded fails the start, or makes a reload keep the policy in force.
+	if path := cfg.Image.SignaturePolicy; path != "" {
+		pol, err := sigpolicy.Load(path)
+		if err != nil {
+			return rc, fmt.Errorf("image.signature_policy: %w", err)
+		}
+		rc.Policy = pol
+	}
 	return rc, nil
 }
 

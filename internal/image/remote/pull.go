@@ -30,6 +30,7 @@ import (
 
 	"github.com/crisp-runtime/crisp/internal/image/content"
 	"github.com/crisp-runtime/crisp/internal/image/diskspace"
+	"github.com/crisp-runtime/crisp/internal/image/sigpolicy"
 )
 
 // Limits on what is read into memory. Real manifests and configs are a few KiB; the
@@ -98,6 +99,9 @@ type Config struct {
 	// ProgressTimeout cancels a request (and so the pull) when no byte of it arrives
 	// for this long; 0 disables it.
 	ProgressTimeout time.Duration
+	// Policy decides from its signatures whether an image may be pulled, before
+	// anything of it is stored; nil admits every image.
+	Policy *sigpolicy.Policy
 }
 
 // Layer is one layer blob of a pulled image.
@@ -134,6 +138,7 @@ type Puller struct {
 	hostsDir     string
 	authFile     string
 	progress     time.Duration
+	sigPolicy    *sigpolicy.Policy
 	mirrors      map[string][]endpoint
 	platform     ocispec.Platform
 	maxDownloads int
@@ -160,6 +165,7 @@ func New(cfg Config, cs *content.Store, log *slog.Logger) *Puller {
 		hostsDir:     cfg.HostsDir,
 		authFile:     cfg.AuthFile,
 		progress:     cfg.ProgressTimeout,
+		sigPolicy:    cfg.Policy,
 	}
 	if p.maxDownloads <= 0 {
 		p.maxDownloads = 3
@@ -327,7 +333,7 @@ func (p *Puller) PullLayers(ctx context.Context, ref string, auth *Auth, unpacke
 	var mirrorErrs []string
 	for i, ep := range eps {
 		var stats pullStats
-		img, err := p.pullFrom(ctx, target, ep, creds, &stats, unpacker)
+		img, err := p.pullFrom(ctx, named, target, ep, creds, &stats, unpacker)
 		if err == nil {
 			img.Name = name
 			img.Downloaded = stats.bytes.Load()
@@ -353,6 +359,20 @@ func (p *Puller) PullLayers(ctx context.Context, ref string, auth *Auth, unpacke
 		return nil, fmt.Errorf("pull %s: %w", name, err)
 	}
 	panic("unreachable: endpoints always ends with the registry")
+}
+
+// checkPolicy asks the signature policy whether the image asked, which resolved to
+// top (an index or a manifest: what signatures sign) on src, may be pulled. It runs
+// before anything of the image is stored, so a refused image leaves nothing behind.
+func (p *Puller) checkPolicy(ctx context.Context, asked reference.Named, top digest.Digest, src *source) error {
+	if p.sigPolicy == nil {
+		return nil
+	}
+	start := time.Now()
+	err := p.sigPolicy.Verify(ctx, sigpolicy.Image{Named: asked, Digest: top, Repository: src.repo, Transport: src.tr})
+	p.log.Debug("signature policy checked", "ref", asked.String(), "digest", top, "from", src.ep.display,
+		"requirement", p.sigPolicy.Describe(asked), "admitted", err == nil, "duration", time.Since(start))
+	return err
 }
 
 // allResolve reports whether every endpoint may resolve tags: then each is asked
@@ -448,8 +468,9 @@ func (p *Puller) open(ctx context.Context, named reference.Named, ep endpoint, c
 	return &source{ep: ep, repo: repo, tr: tr, client: &http.Client{Transport: tr}, withCreds: withCreds}, nil
 }
 
-// pullFrom pulls named from one endpoint.
-func (p *Puller) pullFrom(ctx context.Context, named reference.Named, ep endpoint, creds credsFunc, stats *pullStats, unpacker Unpacker) (*Image, error) {
+// pullFrom pulls named from one endpoint, asked as asked (the reference the user gave,
+// named is what it resolved to when a tag was resolved elsewhere).
+func (p *Puller) pullFrom(ctx context.Context, asked, named reference.Named, ep endpoint, creds credsFunc, stats *pullStats, unpacker Unpacker) (*Image, error) {
 	src, err := p.open(ctx, named, ep, creds)
 	if err != nil {
 		return nil, err
@@ -465,6 +486,9 @@ func (p *Puller) pullFrom(ctx context.Context, named reference.Named, ep endpoin
 	}
 	b, desc, err := p.getManifest(ctx, src, gref, what)
 	if err != nil {
+		return nil, err
+	}
+	if err := p.checkPolicy(ctx, asked, desc.Digest, src); err != nil {
 		return nil, err
 	}
 
