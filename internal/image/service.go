@@ -300,8 +300,26 @@ func (s *Service) Pull(ctx context.Context, ref string, auth *remote.Auth) (*Ima
 	err = diskspace.Classify(err, s.cfg.Root)
 	if errdefs.IsResourceExhausted(err) {
 		s.freeAfterFullDisk(ctx, name, start, err)
+	} else {
+		s.freeAfterFailure(ctx, name, err)
 	}
 	return nil, err
+}
+
+// freeAfterFailure frees what a failed pull stored (the manifest, the config, layers
+// that completed before another failed) and that no image references, so that a pull
+// cut by a stalled registry, a refused signature or a bad layer leaves nothing behind.
+// Only while no other pull runs, since another pull's blobs are unreferenced until its
+// image is recorded; else the last of the pulls running frees them when it fails, or
+// the next removal or start does.
+func (s *Service) freeAfterFailure(ctx context.Context, name string, pullErr error) {
+	if !s.gcMu.TryLock() {
+		return
+	}
+	defer s.gcMu.Unlock()
+	if err := s.gcLocked(context.WithoutCancel(ctx)); err != nil {
+		s.log.Warn("free what a failed pull stored", "ref", name, "pull_err", pullErr, "err", err)
+	}
 }
 
 // freeAfterFullDisk frees what a pull refused for lack of space left behind: complete
@@ -439,7 +457,15 @@ func (lp *layerPull) layer(ctx context.Context, i int, l remote.Layer, fetch rem
 		_, err := fetch(ctx, nil)
 		return err
 	}
-	defer claim.Release()
+	defer func() {
+		// A stalled registry fails the pulls that waited for this one's claim too:
+		// each would wait out the progress timeout anew, one after the other.
+		var stalled *remote.StalledError
+		if errors.As(err, &stalled) {
+			claim.Abandon(err)
+		}
+		claim.Release()
+	}()
 	var pending *snapshot.Pending
 	var stopped error // the streamed unpack outgrew unverifiedLimit
 	streamed, err := fetch(ctx, func(r io.Reader) error {

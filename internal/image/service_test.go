@@ -736,3 +736,61 @@ func TestRestartFreesInterruptedPull(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestStalledPullFailsTogether: pulls waiting for the same stalled layer fail together
+// at the progress timeout (not one timeout after another, each downloading again), and
+// the failed pulls leave nothing: no blob, not even the manifest and config they
+// stored, no snapshot.
+func TestStalledPullFailsTogether(t *testing.T) {
+	f := newFixture(t)
+	const timeout = 500 * time.Millisecond
+	svc, err := New(Config{Root: filepath.Join(f.root, "images2"), Remote: remote.Config{ProgressTimeout: timeout}}, f.db, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	layer := imagetest.NewLayer(t, imagetest.OCI, imagetest.Uncompressed, imagetest.RandomFile("big", 1<<20, 7))
+	img := imagetest.NewImage(t, imagetest.ImageOptions{}, layer)
+	stall := imagetest.NewStaller()
+	var counter imagetest.BlobCounter
+	host := imagetest.StartRegistry(t, imagetest.WithBlobCounter(&counter), imagetest.WithStalledBlobs(imagetest.Blobs(imagetest.Digest(t, layer)), 1000, stall))
+	imagetest.Push(t, host, "slow:v1", img)
+
+	const pulls = 3
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make([]error, pulls)
+	took := make([]time.Duration, pulls)
+	for i := range pulls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = svc.Pull(context.Background(), host+"/slow:v1", nil)
+			took[i] = time.Since(start)
+		}()
+	}
+	wg.Wait()
+	for i := range pulls {
+		var st *remote.StalledError
+		if !errors.As(errs[i], &st) {
+			t.Errorf("pull %d: %v, want the stall", i, errs[i])
+		}
+		if took[i] > 3*timeout {
+			t.Errorf("pull %d ended after %v with a %v progress timeout", i, took[i], timeout)
+		}
+	}
+	if n := counter.Gets(imagetest.Digest(t, layer)); n != 1 {
+		t.Errorf("the stalled layer was downloaded %d times", n)
+	}
+	var left []digest.Digest
+	_ = svc.content.Walk(func(d digest.Digest, _ int64) error { left = append(left, d); return nil })
+	if len(left) != 0 {
+		t.Errorf("blobs left by the failed pulls: %v", left)
+	}
+	if snaps, _ := svc.snaps.List(); len(snaps) != 0 {
+		t.Errorf("snapshots left by the failed pulls: %d", len(snaps))
+	}
+	stall.Release()
+	if _, err := svc.Pull(context.Background(), host+"/slow:v1", nil); err != nil {
+		t.Fatalf("pull after the registry recovered: %v", err)
+	}
+}

@@ -25,6 +25,9 @@ type Claim struct {
 type flight struct {
 	parent digest.Digest
 	done   chan struct{}
+	// abandoned is the error the claim was given up with, for those waiting for it;
+	// set before done is closed.
+	abandoned error
 }
 
 // Claim registers that the caller will produce snapshot chainID. If the snapshot exists
@@ -53,6 +56,9 @@ func (s *Snapshotter) claim(ctx context.Context, chainID, parent digest.Digest) 
 			s.mu.Unlock()
 			select {
 			case <-other.done:
+				if other.abandoned != nil {
+					return nil, Info{}, fmt.Errorf("another pull of the same layer failed: %w", other.abandoned)
+				}
 				continue
 			case <-ctx.Done():
 				return nil, Info{}, fmt.Errorf("wait for another unpack of %s: %w", chainID, ctx.Err())
@@ -79,6 +85,20 @@ func (s *Snapshotter) claim(ctx context.Context, chainID, parent digest.Digest) 
 		s.mu.Unlock()
 		return &Claim{s: s, chainID: chainID, fl: fl}, Info{}, nil
 	}
+}
+
+// Abandon makes those waiting for the claim fail with err when it is released,
+// instead of trying themselves: for a failure that would repeat for them (a registry
+// that stopped sending).
+func (c *Claim) Abandon(err error) {
+	if c == nil {
+		return
+	}
+	c.s.mu.Lock()
+	if c.heldLocked() {
+		c.fl.abandoned = err
+	}
+	c.s.mu.Unlock()
 }
 
 // Release ends the claim and wakes whoever waits for it. It is idempotent, and a no-op
