@@ -28,7 +28,7 @@ SHIMBUILD := CGO_ENABLED=1 $(GO) build -trimpath -tags '$(TAGS) osusergo netgo' 
 	-ldflags '$(LDFLAGS) -linkmode external -extldflags -static'
 DEPS      := busybox-static containernetworking-plugins libseccomp-dev libc6-dev iproute2 iptables gcc make
 
-.PHONY: all build criserver shim install run test test-node unit e2e deps criu lint clean bench chaos containerd gvisor deb critest critest-containerd
+.PHONY: all build criserver shim install run test test-node unit e2e deps criu lint clean bench chaos containerd cosign gvisor deb critest critest-containerd
 
 all: build
 
@@ -86,6 +86,11 @@ criu:
 # no-op when the cached binaries are there.
 containerd:
 	hack/containerd.sh
+
+# cosign builds the cosign CLI v2.6.5 (hack/cosign.sh) into /var/cache/crisp/cosign-v2.6.5
+# (COSIGN_CACHE) for internal/image/remote/cosign_test.go; a no-op when it is there.
+cosign:
+	hack/cosign.sh
 
 # critest builds cri-tools' CRI validation suite (hack/critest.sh) into
 # /var/cache/crisp/critest-v1.36.0 (CRITEST_CACHE); a no-op when the cached binary is there.

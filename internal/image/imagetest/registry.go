@@ -29,6 +29,7 @@ type registryConfig struct {
 	tls         bool
 	tlsConfig   *tls.Config
 	pathPrefix  string
+	referrers   bool
 	// closing is closed when the test ends, releasing handlers that stall on purpose.
 	closing chan struct{}
 }
@@ -43,7 +44,7 @@ func StartRegistry(t testing.TB, opts ...RegistryOption) string {
 	for _, o := range opts {
 		o(cfg)
 	}
-	h := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	h := registry.New(registry.Logger(log.New(io.Discard, "", 0)), registry.WithReferrersSupport(cfg.referrers))
 	for i := len(cfg.middlewares) - 1; i >= 0; i-- {
 		h = cfg.middlewares[i](h)
 	}
@@ -71,6 +72,11 @@ func StartRegistry(t testing.TB, opts ...RegistryOption) string {
 // only if they skip verification (as they do for insecure or loopback registries).
 func WithTLS() RegistryOption {
 	return func(c *registryConfig) { c.tls = true }
+}
+
+// WithReferrers serves the OCI 1.1 referrers API (GET /v2/<name>/referrers/<digest>).
+func WithReferrers() RegistryOption {
+	return func(c *registryConfig) { c.referrers = true }
 }
 
 // WithServerTLS serves HTTPS with cfg (see CA.ServerTLS): a certificate clients must
