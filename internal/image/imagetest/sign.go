@@ -84,4 +84,3 @@ func (k *CosignKey) Sign(t testing.TB, host, repo string, d digest.Digest, opts 
 		t.Fatalf("imagetest: push signature %s: %v", tag, err)
 	}
 }
-

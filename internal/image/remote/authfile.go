@@ -131,5 +131,3 @@ func (l *limitReader) Read(p []byte) (int, error) {
 	l.left -= int64(n)
 	return n, err
 }
-
-
