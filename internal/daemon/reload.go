@@ -131,7 +131,10 @@ func (r *reloader) apply(next config.Config, rc remote.Config) {
 		r.level.Set(parseLevel(next.LogLevel))
 	}
 	r.running = config.Reloaded(r.running, next)
-	r.log.Info("config reloaded", "file", r.path, "changed", applied, "log_level", next.LogLevel)
+	// The files the config names are read again whether or not their keys changed:
+	// say so, since "changed" lists only keys.
+	r.log.Info("config reloaded", "file", r.path, "changed", applied, "log_level", next.LogLevel,
+		"signature_policy_reloaded", next.Image.SignaturePolicy, "registry_config_path", next.Registry.ConfigPath)
 	if len(restart) > 0 {
 		r.log.Warn("config keys changed that take effect only when criserver restarts; they keep their running values until then",
 			"file", r.path, "keys", restart)
