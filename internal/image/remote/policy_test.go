@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/google/go-containerregistry/pkg/v1/random"
@@ -99,6 +100,38 @@ func BenchmarkPullSignaturePolicy(b *testing.B) {
 				p := New(Config{Policy: bc.pol}, cs, nil)
 				b.StartTimer()
 				if _, err := p.Pull(context.Background(), reg+"/team/signed:v1", nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkPullProgressTimeout measures what the progress watchdog costs a download:
+// a 64 MiB layer from a loopback registry into an empty store, without it and with
+// the default timeout (an atomic store per read of the connection).
+func BenchmarkPullProgressTimeout(b *testing.B) {
+	reg := imagetest.StartRegistry(b)
+	img, err := random.Image(64<<20, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	imagetest.Push(b, reg, "big/app:v1", img)
+	for _, bc := range []struct {
+		name    string
+		timeout time.Duration
+	}{{"off", 0}, {"5m", 5 * time.Minute}} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.SetBytes(64 << 20)
+			for b.Loop() {
+				b.StopTimer()
+				cs, err := content.Open(b.TempDir())
+				if err != nil {
+					b.Fatal(err)
+				}
+				p := New(Config{ProgressTimeout: bc.timeout}, cs, nil)
+				b.StartTimer()
+				if _, err := p.Pull(context.Background(), reg+"/big/app:v1", nil); err != nil {
 					b.Fatal(err)
 				}
 			}
