@@ -61,14 +61,7 @@ func newCDIEnv(t *testing.T) *cdiEnv {
 	if err := os.WriteFile(filepath.Join(specDir, "vendor.json"), []byte(spec), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.OpenFile(e.cfgPath, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := fmt.Fprintf(f, "[cdi]\nspec_dirs = [%q]\n", specDir); err != nil {
-		t.Fatal(err)
-	}
+	e.appendConfig(fmt.Sprintf("[cdi]\nspec_dirs = [%q]\n", specDir))
 	return c
 }
 

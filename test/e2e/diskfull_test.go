@@ -32,14 +32,7 @@ func mountTmpfs(t *testing.T, dir, size string) {
 // withImageReserve appends the image store's free-space reserve to the env's config.
 func (e *env) withImageReserve(minFreeBytes int64, minFreePercent float64) {
 	e.t.Helper()
-	f, err := os.OpenFile(e.cfgPath, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := fmt.Fprintf(f, "[image]\nmin_free_bytes = %d\nmin_free_percent = %v\n", minFreeBytes, minFreePercent); err != nil {
-		e.t.Fatal(err)
-	}
+	e.appendConfig(fmt.Sprintf("[image]\nmin_free_bytes = %d\nmin_free_percent = %v\n", minFreeBytes, minFreePercent))
 }
 
 // assertImagesEmpty fails if anything of a failed pull is left under root/images: an

@@ -1014,16 +1014,8 @@ func newCrispGVisor(t *testing.T, bin string) *gvTarget {
 	t.Helper()
 	e := newEnv(t)
 	toml, runscRoot := writeRunscTOML(t, bin, e.dir)
-	f, err := os.OpenFile(e.cfgPath, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = fmt.Fprintf(f, "[runtimes.%s]\nshim = %q\nsandbox_mode = \"task\"\n[runtimes.%[1]s.options]\nTypeUrl = \"io.containerd.runsc.v1.options\"\nConfigPath = %[3]q\n",
-		gvisorHandler, filepath.Join(bin, "containerd-shim-runsc-v1"), toml)
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	e.appendConfig(fmt.Sprintf("[runtimes.%s]\nshim = %q\nsandbox_mode = \"task\"\n[runtimes.%[1]s.options]\nTypeUrl = \"io.containerd.runsc.v1.options\"\nConfigPath = %[3]q\n",
+		gvisorHandler, filepath.Join(bin, "containerd-shim-runsc-v1"), toml))
 	e.start()
 	img := e.busybox(ctxT(t))
 	return &gvTarget{

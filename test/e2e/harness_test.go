@@ -145,8 +145,31 @@ namespace = "k8s.io"
 	return e
 }
 
+// appendConfig appends body (TOML) to the env's config file, before start.
+func (e *env) appendConfig(body string) {
+	e.t.Helper()
+	f, err := os.OpenFile(e.cfgPath, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	_, err = f.WriteString(body)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		e.t.Fatal(err)
+	}
+}
+
 // start runs criserver and connects a CRI client to it.
 func (e *env) start() {
+	e.t.Helper()
+	e.launch()
+	e.waitServing()
+}
+
+// launch starts criserver, its output appended to the env's log.
+func (e *env) launch() {
 	e.t.Helper()
 	logf, err := os.OpenFile(e.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -160,10 +183,19 @@ func (e *env) start() {
 		e.t.Fatal(err)
 	}
 	e.cmd = cmd
+}
+
+// waitServing waits for the launched criserver's socket and connects a CRI client.
+func (e *env) waitServing() {
+	e.t.Helper()
+	cmd := e.cmd
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		if _, err := os.Stat(e.socket); err == nil {
 			break
+		}
+		if !alive(cmd.Process.Pid) {
+			e.t.Fatalf("criserver exited before it served; log:\n%s", e.log())
 		}
 		if time.Now().After(deadline) {
 			e.t.Fatalf("criserver did not create its socket; log:\n%s", e.log())

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -26,14 +25,7 @@ func (e *env) enableMetrics() string {
 	}
 	addr := lis.Addr().String()
 	lis.Close()
-	f, err := os.OpenFile(e.cfgPath, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := fmt.Fprintf(f, "[metrics]\naddress = %q\n", addr); err != nil {
-		e.t.Fatal(err)
-	}
+	e.appendConfig(fmt.Sprintf("[metrics]\naddress = %q\n", addr))
 	return "http://" + addr
 }
 

@@ -29,15 +29,8 @@ func newNRIEnv(t *testing.T, requestTimeout string) *nriEnv {
 	t.Helper()
 	e := newEnv(t)
 	n := &nriEnv{env: e, nriSocket: filepath.Join(e.dir, "nri.sock")}
-	f, err := os.OpenFile(e.cfgPath, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := fmt.Fprintf(f, "[nri]\ndisable = false\nsocket_path = %q\nplugin_path = %q\nplugin_config_path = %q\nplugin_request_timeout = %q\n",
-		n.nriSocket, filepath.Join(e.dir, "nri-plugins"), filepath.Join(e.dir, "nri-conf"), requestTimeout); err != nil {
-		t.Fatal(err)
-	}
+	e.appendConfig(fmt.Sprintf("[nri]\ndisable = false\nsocket_path = %q\nplugin_path = %q\nplugin_config_path = %q\nplugin_request_timeout = %q\n",
+		n.nriSocket, filepath.Join(e.dir, "nri-plugins"), filepath.Join(e.dir, "nri-conf"), requestTimeout))
 	return n
 }
 

@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"strings"
 	"testing"
 
@@ -111,14 +109,7 @@ func checkValidatorOutcomes(t *testing.T, runtime string, got []validatorOutcome
 // the same through; crisp's refusals are FailedPrecondition.
 func TestE2ENRIValidator(t *testing.T) {
 	n := newNRIEnv(t, "2s")
-	f, err := os.OpenFile(n.cfgPath, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := fmt.Fprintf(f, "[nri.default_validator]\n%s", validatorTOML); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
+	n.appendConfig("[nri.default_validator]\n" + validatorTOML)
 	n.start()
 	ctx := ctxT(t)
 	img := n.busybox(ctx)

@@ -54,18 +54,8 @@ func TestE2ERegistryConfig(t *testing.T) {
 		authReg, base64.StdEncoding.EncodeToString([]byte("node:s3cret"))))
 
 	const progressTimeout = 2 * time.Second
-	f, err := os.OpenFile(e.cfgPath, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = fmt.Fprintf(f, "\n[registry]\nconfig_path = %q\nauth_file = %q\n\n[image]\npull_progress_timeout = %q\n",
-		hostsDir, authFile, progressTimeout.String())
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	e.appendConfig(fmt.Sprintf("\n[registry]\nconfig_path = %q\nauth_file = %q\n\n[image]\npull_progress_timeout = %q\n",
+		hostsDir, authFile, progressTimeout.String()))
 	e.start()
 	ctx := ctxT(t)
 	pull := func(ref string, auth *cri.AuthConfig) (string, error) {
@@ -117,12 +107,12 @@ func TestE2ERegistryConfig(t *testing.T) {
 	})
 
 	t.Run("mirrors", func(t *testing.T) {
-		var brokenLog, goodLog regRequests
-		broken := imagetest.StartRegistry(t, brokenLog.option(), imagetest.WithErrorStatus(http.StatusServiceUnavailable, nil))
-		good := imagetest.StartRegistry(t, goodLog.option())
+		var brokenLog, goodLog imagetest.RequestLog
+		broken := imagetest.StartRegistry(t, brokenLog.Option(), imagetest.WithErrorStatus(http.StatusServiceUnavailable, nil))
+		good := imagetest.StartRegistry(t, goodLog.Option())
 		img := regImage(t, "mirrored")
 		imagetest.Push(t, good, "team/mirrored:v1", img)
-		goodLog.reset()
+		goodLog.Reset()
 		// The registry itself is unreachable: everything comes from the mirrors, the
 		// first of which answers 503.
 		const name = "mirrors.crisp-e2e.example"
@@ -142,10 +132,10 @@ func TestE2ERegistryConfig(t *testing.T) {
 		if want := imagetest.ConfigDigest(t, img).String(); id != want {
 			t.Errorf("pulled %s, want %s", id, want)
 		}
-		if brokenLog.count("/v2/") == 0 {
+		if brokenLog.Count("/v2/") == 0 {
 			t.Error("the first mirror was never asked")
 		}
-		if goodLog.count("/blobs/") == 0 {
+		if goodLog.Count("/blobs/") == 0 {
 			t.Error("the second mirror served no blob")
 		}
 		st, err := e.img.ImageStatus(ctx, &cri.ImageStatusRequest{Image: &cri.ImageSpec{Image: ref}})
@@ -368,42 +358,6 @@ func (r *regRewrite) RoundTrip(req *http.Request) (*http.Response, error) {
 		req.Header[k] = v
 	}
 	return r.next.RoundTrip(req)
-}
-
-// regRequests records the requests a registry was sent.
-type regRequests struct {
-	mu    sync.Mutex
-	paths []string
-}
-
-func (l *regRequests) option() imagetest.RegistryOption {
-	return imagetest.WithMiddleware(func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			l.mu.Lock()
-			l.paths = append(l.paths, r.Method+" "+r.URL.Path)
-			l.mu.Unlock()
-			next.ServeHTTP(w, r)
-		})
-	})
-}
-
-func (l *regRequests) reset() {
-	l.mu.Lock()
-	l.paths = nil
-	l.mu.Unlock()
-}
-
-// count returns how many requests had substr in their method and path.
-func (l *regRequests) count(substr string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for _, p := range l.paths {
-		if strings.Contains(p, substr) {
-			n++
-		}
-	}
-	return n
 }
 
 // regStoreFiles lists what is under criserver's content store and snapshots, relative

@@ -98,17 +98,7 @@ func TestE2ERegistryContainerdParity(t *testing.T) {
 		*config = strings.Replace(*config, own, fmt.Sprintf("config_path = %q", hostsDir), 1)
 	})
 	e := newEnv(t)
-	f, err := os.OpenFile(e.cfgPath, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = fmt.Fprintf(f, "\n[registry]\nconfig_path = %q\n", hostsDir)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	e.appendConfig(fmt.Sprintf("\n[registry]\nconfig_path = %q\n", hostsDir))
 	e.start()
 	ctx := ctxT(t)
 
@@ -124,15 +114,15 @@ func TestE2ERegistryContainerdParity(t *testing.T) {
 	tlsReg := imagetest.StartRegistry(t, imagetest.WithServerTLS(ca.ServerTLS(t, nil)))
 	mtlsReg := imagetest.StartRegistry(t, imagetest.WithServerTLS(ca.ServerTLS(t, clientCA)))
 	plain := imagetest.StartRegistry(t)
-	var brokenLog regRequests
-	broken := imagetest.StartRegistry(t, brokenLog.option(), imagetest.WithErrorStatus(http.StatusServiceUnavailable, nil))
+	var brokenLog imagetest.RequestLog
+	broken := imagetest.StartRegistry(t, brokenLog.Option(), imagetest.WithErrorStatus(http.StatusServiceUnavailable, nil))
 	// upstream resolves tags but its blob downloads fail: a pull-only mirror must
 	// serve them; the mirror counts the tags it is asked to resolve.
 	upstream := imagetest.StartRegistry(t, imagetest.WithErrorStatus(http.StatusServiceUnavailable, func(r *http.Request) bool {
 		return r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/blobs/")
 	}))
-	var mirrorLog regRequests
-	pullMirror := imagetest.StartRegistry(t, mirrorLog.option())
+	var mirrorLog imagetest.RequestLog
+	pullMirror := imagetest.StartRegistry(t, mirrorLog.Option())
 	// Its API is below a path that does not end in /v2: only override_path reaches it.
 	const prefix = "/api/images"
 	prefixed := imagetest.StartRegistry(t, imagetest.WithPathPrefix(prefix))
@@ -183,9 +173,9 @@ func TestE2ERegistryContainerdParity(t *testing.T) {
 			name: "mirror order, first mirror 503, upstream down", reg: plain, refHost: gone[0],
 			dirs:   map[string]string{gone[0]: https(gone[0], "") + mirror("http://"+broken, "") + mirror("http://"+plain, "")},
 			ctrdOK: true, crispOK: true,
-			reset: brokenLog.reset,
+			reset: brokenLog.Reset,
 			check: func(t *testing.T, runtime string) {
-				if brokenLog.count("/v2/") == 0 {
+				if brokenLog.Count("/v2/") == 0 {
 					t.Errorf("%s never asked the first mirror", runtime)
 				}
 			},
@@ -194,9 +184,9 @@ func TestE2ERegistryContainerdParity(t *testing.T) {
 			name: "pull-only mirror, upstream resolves", reg: upstream, alsoPush: []string{pullMirror},
 			dirs:   map[string]string{upstream: fmt.Sprintf("server = %q\n\n[host.%q]\n  capabilities = [\"pull\"]\n", "http://"+upstream, "http://"+pullMirror)},
 			ctrdOK: true, crispOK: true,
-			reset: mirrorLog.reset,
+			reset: mirrorLog.Reset,
 			check: func(t *testing.T, runtime string) {
-				if n := mirrorLog.count("/manifests/v1"); n != 0 {
+				if n := mirrorLog.Count("/manifests/v1"); n != 0 {
 					t.Errorf("%s asked the pull-only mirror for the tag %d times", runtime, n)
 				}
 			},

@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -89,37 +87,12 @@ func (e *env) hup() {
 // signal went out before the CRI socket existed.
 func (e *env) startHUPEarly() (beforeSocket bool) {
 	e.t.Helper()
-	logf, err := os.OpenFile(e.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer logf.Close()
-	cmd := exec.Command(filepath.Join(binDir, "criserver"), "--config", e.cfgPath)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		e.t.Fatal(err)
-	}
-	e.cmd = cmd
+	e.launch()
 	e.waitRecords("criserver starting", 1)
 	_, statErr := os.Stat(e.socket)
 	e.hup()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if _, err := os.Stat(e.socket); err == nil {
-			break
-		}
-		if !alive(cmd.Process.Pid) {
-			e.t.Fatalf("criserver died after a SIGHUP during its start; log:\n%s", e.log())
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("criserver did not create its socket; log:\n%s", e.log())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if err := e.connect(10 * time.Second); err != nil {
-		e.t.Fatalf("criserver does not answer: %v\n%s", err, e.log())
-	}
+	// waitServing fails the test if criserver exits: a SIGHUP during its start.
+	e.waitServing()
 	return statErr != nil
 }
 

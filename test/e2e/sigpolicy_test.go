@@ -88,22 +88,6 @@ func spWritePolicy(t *testing.T, path, body string) {
 	}
 }
 
-// spAppendConfig appends body to the env's config file.
-func (e *env) spAppendConfig(body string) {
-	e.t.Helper()
-	f, err := os.OpenFile(e.cfgPath, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	_, err = f.WriteString(body)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		e.t.Fatal(err)
-	}
-}
-
 // TestE2ESignaturePolicy pulls through criserver's CRI under image.signature_policy:
 // a cosign signature by the team's key admits an image (which then runs), while an
 // unsigned image, one signed with another key and one outside the policy's scopes are
@@ -154,7 +138,7 @@ func TestE2ESignaturePolicy(t *testing.T) {
 }
 `, host+"/team", host+"/open")
 	spWritePolicy(t, policyPath, strict)
-	e.spAppendConfig(fmt.Sprintf("[image]\nsignature_policy = %q\n", policyPath))
+	e.appendConfig(fmt.Sprintf("[image]\nsignature_policy = %q\n", policyPath))
 	e.start()
 	ctx := ctxT(t)
 
@@ -333,7 +317,7 @@ func TestE2ESignaturePolicy(t *testing.T) {
 				if c.body != "" {
 					spWritePolicy(t, path, c.body)
 				}
-				e.spAppendConfig(fmt.Sprintf("[image]\nsignature_policy = %q\n", path))
+				e.appendConfig(fmt.Sprintf("[image]\nsignature_policy = %q\n", path))
 				out, code := e.spRunFails(t)
 				for _, w := range append([]string{"image.signature_policy", path}, c.want...) {
 					if !strings.Contains(out, w) {

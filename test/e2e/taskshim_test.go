@@ -89,13 +89,8 @@ func (e *env) addTaskShim(t *testing.T, ts taskShim) {
 		}
 	})
 	shim, runc := ts.shim(t), ts.runc(t)
-	f, err := os.OpenFile(e.cfgPath, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	fmt.Fprintf(f, "[runtimes.%s]\nshim = %q\nsandbox_mode = \"task\"\nwarm_spare = %v\n[runtimes.%s.options]\nBinaryName = %q\n",
-		taskShimHandler, shim, ts.warmSpare, taskShimHandler, runc)
+	e.appendConfig(fmt.Sprintf("[runtimes.%s]\nshim = %q\nsandbox_mode = \"task\"\nwarm_spare = %v\n[runtimes.%s.options]\nBinaryName = %q\n",
+		taskShimHandler, shim, ts.warmSpare, taskShimHandler, runc))
 }
 
 // taskEnv starts a criserver with ts as the task-only handler taskShimHandler and

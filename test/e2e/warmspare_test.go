@@ -307,15 +307,8 @@ func TestE2EWarmSpare(t *testing.T) {
 // TestE2EWarmSpareOff: warm_spare = false starts no spare, and pods still start.
 func TestE2EWarmSpareOff(t *testing.T) {
 	e := newEnv(t)
-	f, err := os.OpenFile(e.cfgPath, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// The config's last table is [runtimes.runc].
-	if _, err := f.WriteString("warm_spare = false\n"); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
+	e.appendConfig("warm_spare = false\n")
 	e.start()
 	ctx := ctxT(t)
 	id := e.runPod(ctx, e.podConfig("cold"))
@@ -338,14 +331,7 @@ func TestE2EWarmSpareOff(t *testing.T) {
 // stop and remove) must find a spare ready nearly every time, and the times are logged.
 func TestE2EWarmSpareLatency(t *testing.T) {
 	on, off := newEnv(t), newEnv(t)
-	f, err := os.OpenFile(off.cfgPath, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.WriteString("warm_spare = false\n"); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
+	off.appendConfig("warm_spare = false\n")
 	on.start()
 	off.start()
 	ctx := ctxT(t)

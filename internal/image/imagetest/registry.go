@@ -481,3 +481,48 @@ func blobDigest(r *http.Request) (digest.Digest, bool) {
 	}
 	return d, true
 }
+
+// RequestLog records the requests a registry was sent, as "METHOD /path".
+type RequestLog struct {
+	mu    sync.Mutex
+	paths []string
+}
+
+// Option makes the registry record its requests in l.
+func (l *RequestLog) Option() RegistryOption {
+	return WithMiddleware(func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			l.mu.Lock()
+			l.paths = append(l.paths, r.Method+" "+r.URL.Path)
+			l.mu.Unlock()
+			next.ServeHTTP(w, r)
+		})
+	})
+}
+
+// Reset forgets the requests recorded so far (a test's pushes, say).
+func (l *RequestLog) Reset() {
+	l.mu.Lock()
+	l.paths = nil
+	l.mu.Unlock()
+}
+
+// Count returns how many requests had substr in their method and path.
+func (l *RequestLog) Count(substr string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, p := range l.paths {
+		if strings.Contains(p, substr) {
+			n++
+		}
+	}
+	return n
+}
+
+// Paths returns a copy of the requests recorded.
+func (l *RequestLog) Paths() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.paths...)
+}

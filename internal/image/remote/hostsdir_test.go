@@ -38,46 +38,11 @@ func closedPort(t *testing.T) string {
 	return addr
 }
 
-// pathLog records the paths a registry was asked for.
-type pathLog struct {
-	mu    sync.Mutex
-	paths []string
-}
-
-func (l *pathLog) option() imagetest.RegistryOption {
-	return imagetest.WithMiddleware(func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			l.mu.Lock()
-			l.paths = append(l.paths, r.Method+" "+r.URL.Path)
-			l.mu.Unlock()
-			next.ServeHTTP(w, r)
-		})
-	})
-}
-
-func (l *pathLog) reset() {
-	l.mu.Lock()
-	l.paths = nil
-	l.mu.Unlock()
-}
-
-func (l *pathLog) count(substr string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for _, p := range l.paths {
-		if strings.Contains(p, substr) {
-			n++
-		}
-	}
-	return n
-}
-
 func TestHostsTomlMirrors(t *testing.T) {
 	img := imagetest.BuildImage(t, twoLayerEntries()...)
-	var good, broken pathLog
-	mirror := imagetest.StartRegistry(t, good.option())
-	dead := imagetest.StartRegistry(t, broken.option(), imagetest.WithErrorStatus(http.StatusServiceUnavailable, nil))
+	var good, broken imagetest.RequestLog
+	mirror := imagetest.StartRegistry(t, good.Option())
+	dead := imagetest.StartRegistry(t, broken.Option(), imagetest.WithErrorStatus(http.StatusServiceUnavailable, nil))
 	imagetest.Push(t, mirror, "team/app:v1", img)
 	root := t.TempDir()
 	// The registry itself is not reachable: everything must come from the mirrors.
@@ -99,20 +64,20 @@ server = "https://%s"
 	if got.Name != "registry.example/team/app:v1" || !strings.HasPrefix(got.RepoDigest, "registry.example/team/app@sha256:") {
 		t.Errorf("Name %q RepoDigest %q: the image keeps the name it was asked by", got.Name, got.RepoDigest)
 	}
-	if broken.count("GET /v2/") == 0 {
+	if broken.Count("GET /v2/") == 0 {
 		t.Error("the first mirror in order was never asked")
 	}
 }
 
 func TestHostsTomlCapabilities(t *testing.T) {
 	img := imagetest.BuildImage(t, twoLayerEntries()...)
-	var upLog, mirLog pathLog
-	upstream := imagetest.StartRegistry(t, upLog.option())
-	mirror := imagetest.StartRegistry(t, mirLog.option())
+	var upLog, mirLog imagetest.RequestLog
+	upstream := imagetest.StartRegistry(t, upLog.Option())
+	mirror := imagetest.StartRegistry(t, mirLog.Option())
 	imagetest.Push(t, upstream, "team/app:v1", img)
 	imagetest.Push(t, mirror, "team/app:v1", img)
-	upLog.reset()
-	mirLog.reset()
+	upLog.Reset()
+	mirLog.Reset()
 	root := t.TempDir()
 	// A pull-only mirror (Spegel's kind) gets no tag: the upstream resolves it.
 	writeHosts(t, root, upstream, fmt.Sprintf(`
@@ -127,17 +92,17 @@ server = "http://%s"
 		t.Fatal(err)
 	}
 	checkPulled(t, cs, got, img)
-	if n := mirLog.count("/manifests/v1"); n != 0 {
+	if n := mirLog.Count("/manifests/v1"); n != 0 {
 		t.Errorf("the pull-only mirror was asked for the tag %d times", n)
 	}
-	if mirLog.count("/blobs/") == 0 {
+	if mirLog.Count("/blobs/") == 0 {
 		t.Error("the mirror served no blob")
 	}
-	if n := upLog.count("/blobs/"); n != 0 {
+	if n := upLog.Count("/blobs/"); n != 0 {
 		t.Errorf("the upstream served %d blobs; only the tag was its to resolve", n)
 	}
-	if upLog.count("HEAD /v2/team/app/manifests/v1") != 1 {
-		t.Errorf("the upstream did not resolve the tag: %v", upLog.paths)
+	if upLog.Count("HEAD /v2/team/app/manifests/v1") != 1 {
+		t.Errorf("the upstream did not resolve the tag: %v", upLog.Paths())
 	}
 
 	// A host without "pull" is never used; with none left, the pull says so.
