@@ -6,7 +6,6 @@ import (
 	"encoding/base64"
 	"fmt"
 	"io/fs"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -72,12 +71,12 @@ func TestE2ERegistryConfig(t *testing.T) {
 		ref := reg + "/team/tls:v1"
 		// Without the CA the registry's certificate is not trusted, loopback or not:
 		// a hosts.toml names the host.
-		regWriteHosts(t, hostsDir, reg, fmt.Sprintf("server = %q\n", "https://"+reg))
+		imagetest.WriteHosts(t, hostsDir, reg, fmt.Sprintf("server = %q\n", "https://"+reg))
 		_, err := pull(ref, nil)
 		if err == nil || !strings.Contains(err.Error(), reg) || !strings.Contains(err.Error(), "certificate signed by unknown authority") {
 			t.Errorf("pull without the CA: %v, want a verification error naming %s", err, reg)
 		}
-		regWriteHosts(t, hostsDir, reg, fmt.Sprintf("server = %q\nca = %q\n", "https://"+reg, caFile))
+		imagetest.WriteHosts(t, hostsDir, reg, fmt.Sprintf("server = %q\nca = %q\n", "https://"+reg, caFile))
 		id, err := pull(ref, nil)
 		if err != nil {
 			t.Fatalf("pull with the CA: %v", err)
@@ -92,11 +91,11 @@ func TestE2ERegistryConfig(t *testing.T) {
 		img := regImage(t, "mtls")
 		imagetest.Push(t, reg, "team/mtls:v1", img, regPush{ca: ca, cert: cert, key: key}.option(t))
 		ref := reg + "/team/mtls:v1"
-		regWriteHosts(t, hostsDir, reg, fmt.Sprintf("server = %q\nca = %q\n", "https://"+reg, caFile))
+		imagetest.WriteHosts(t, hostsDir, reg, fmt.Sprintf("server = %q\nca = %q\n", "https://"+reg, caFile))
 		if _, err := pull(ref, nil); err == nil || !strings.Contains(err.Error(), "certificate required") {
 			t.Errorf("pull without a client certificate: %v, want the registry to require one", err)
 		}
-		regWriteHosts(t, hostsDir, reg, fmt.Sprintf("server = %q\nca = %q\nclient = [[%q, %q]]\n", "https://"+reg, caFile, certFile, keyFile))
+		imagetest.WriteHosts(t, hostsDir, reg, fmt.Sprintf("server = %q\nca = %q\nclient = [[%q, %q]]\n", "https://"+reg, caFile, certFile, keyFile))
 		id, err := pull(ref, nil)
 		if err != nil {
 			t.Fatalf("pull with the client certificate: %v", err)
@@ -116,14 +115,14 @@ func TestE2ERegistryConfig(t *testing.T) {
 		// The registry itself is unreachable: everything comes from the mirrors, the
 		// first of which answers 503.
 		const name = "mirrors.crisp-e2e.example"
-		regWriteHosts(t, hostsDir, name, fmt.Sprintf(`server = %q
+		imagetest.WriteHosts(t, hostsDir, name, fmt.Sprintf(`server = %q
 
 [host.%q]
   capabilities = ["pull", "resolve"]
 
 [host.%q]
   capabilities = ["pull", "resolve"]
-`, "https://"+regFreeAddr(t), "http://"+broken, "http://"+good))
+`, "https://"+imagetest.ClosedAddr(t), "http://"+broken, "http://"+good))
 		ref := name + "/team/mirrored:v1"
 		id, err := pull(ref, nil)
 		if err != nil {
@@ -151,16 +150,16 @@ func TestE2ERegistryConfig(t *testing.T) {
 		imagetest.Push(t, b, "team/edit:v1", imgB)
 		const name = "edit.crisp-e2e.example"
 		hosts := func(mirror string) string {
-			return fmt.Sprintf("server = %q\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n", "https://"+regFreeAddr(t), "http://"+mirror)
+			return fmt.Sprintf("server = %q\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n", "https://"+imagetest.ClosedAddr(t), "http://"+mirror)
 		}
 		ref := name + "/team/edit:v1"
-		regWriteHosts(t, hostsDir, name, hosts(a))
+		imagetest.WriteHosts(t, hostsDir, name, hosts(a))
 		id, err := pull(ref, nil)
 		if err != nil || id != imagetest.ConfigDigest(t, imgA).String() {
 			t.Fatalf("first pull: %s %v, want %s", id, err, imagetest.ConfigDigest(t, imgA))
 		}
 		// The same tag, now from the other mirror: no restart, no reload.
-		regWriteHosts(t, hostsDir, name, hosts(b))
+		imagetest.WriteHosts(t, hostsDir, name, hosts(b))
 		id, err = pull(ref, nil)
 		if err != nil || id != imagetest.ConfigDigest(t, imgB).String() {
 			t.Fatalf("pull after editing hosts.toml: %s %v, want %s from the new mirror", id, err, imagetest.ConfigDigest(t, imgB))
@@ -294,25 +293,6 @@ func TestE2ERegistryConfig(t *testing.T) {
 func regImage(t *testing.T, name string) v1.Image {
 	t.Helper()
 	return imagetest.BuildImage(t, []imagetest.TarEntry{imagetest.File("case", name+"\n")})
-}
-
-// regWriteHosts writes root/dir/hosts.toml.
-func regWriteHosts(t *testing.T, root, dir, body string) {
-	t.Helper()
-	imagetest.WriteFile(t, filepath.Join(root, dir), "hosts.toml", []byte(body))
-}
-
-// regFreeAddr returns a loopback host:port nothing listens on: a registry that is
-// not there.
-func regFreeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
 }
 
 // regPush is how the test itself pushes to a registry that a pull reaches through a

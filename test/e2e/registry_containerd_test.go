@@ -157,7 +157,7 @@ func TestE2ERegistryContainerdParity(t *testing.T) {
 	// reachable.
 	var gone [8]string
 	for i := range gone {
-		gone[i] = regFreeAddr(t)
+		gone[i] = imagetest.ClosedAddr(t)
 	}
 	const unknownCA = "certificate signed by unknown authority"
 
@@ -238,7 +238,7 @@ func TestE2ERegistryContainerdParity(t *testing.T) {
 		}
 		ref := host + "/" + repo + ":v1"
 		for dir, body := range tc.dirs {
-			regWriteHosts(t, hostsDir, dir, body)
+			imagetest.WriteHosts(t, hostsDir, dir, body)
 		}
 		var res [2]parityResult
 		t.Run(strings.ReplaceAll(tc.name, " ", "_"), func(t *testing.T) {

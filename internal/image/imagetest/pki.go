@@ -117,3 +117,22 @@ func WriteFile(t testing.TB, dir, name string, b []byte) string {
 	}
 	return p
 }
+
+// WriteHosts writes root/dir/hosts.toml, a containerd host directory's file.
+func WriteHosts(t testing.TB, root, dir, body string) {
+	t.Helper()
+	WriteFile(t, filepath.Join(root, dir), "hosts.toml", []byte(body))
+}
+
+// ClosedAddr returns a loopback host:port nothing listens on: a registry that is not
+// there, which refuses connections at once.
+func ClosedAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -20,24 +19,6 @@ import (
 	"github.com/crisp-runtime/crisp/internal/image/imagetest"
 )
 
-// writeHosts writes root/dir/hosts.toml.
-func writeHosts(t *testing.T, root, dir, body string) {
-	t.Helper()
-	imagetest.WriteFile(t, filepath.Join(root, dir), "hosts.toml", []byte(body))
-}
-
-// closedPort returns a loopback address nothing listens on.
-func closedPort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
-}
-
 func TestHostsTomlMirrors(t *testing.T) {
 	img := imagetest.BuildImage(t, twoLayerEntries()...)
 	var good, broken imagetest.RequestLog
@@ -46,7 +27,7 @@ func TestHostsTomlMirrors(t *testing.T) {
 	imagetest.Push(t, mirror, "team/app:v1", img)
 	root := t.TempDir()
 	// The registry itself is not reachable: everything must come from the mirrors.
-	writeHosts(t, root, "registry.example", fmt.Sprintf(`
+	imagetest.WriteHosts(t, root, "registry.example", fmt.Sprintf(`
 server = "https://%s"
 
 [host."http://%s"]
@@ -54,7 +35,7 @@ server = "https://%s"
 
 [host."http://%s"]
   capabilities = ["pull", "resolve"]
-`, closedPort(t), dead, mirror))
+`, imagetest.ClosedAddr(t), dead, mirror))
 	p, cs := newPuller(t, Config{HostsDir: root})
 	got, err := p.Pull(context.Background(), "registry.example/team/app:v1", nil)
 	if err != nil {
@@ -80,7 +61,7 @@ func TestHostsTomlCapabilities(t *testing.T) {
 	mirLog.Reset()
 	root := t.TempDir()
 	// A pull-only mirror (Spegel's kind) gets no tag: the upstream resolves it.
-	writeHosts(t, root, upstream, fmt.Sprintf(`
+	imagetest.WriteHosts(t, root, upstream, fmt.Sprintf(`
 server = "http://%s"
 
 [host."http://%s"]
@@ -106,7 +87,7 @@ server = "http://%s"
 	}
 
 	// A host without "pull" is never used; with none left, the pull says so.
-	writeHosts(t, root, "only-push.example", `
+	imagetest.WriteHosts(t, root, "only-push.example", `
 server = "https://only-push.example"
 capabilities = ["push"]
 `)
@@ -151,7 +132,7 @@ func TestHostsTomlOverridePathAndHeader(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
-			writeHosts(t, root, "_default", tc.hosts)
+			imagetest.WriteHosts(t, root, "_default", tc.hosts)
 			p, cs := newPuller(t, Config{HostsDir: root})
 			got, err := p.Pull(context.Background(), "anything.example/team/app:v1", nil)
 			if err != nil {
@@ -253,7 +234,7 @@ client = [["` + badCertFile + `", "` + badKeyFile + `"]]`, "certificate required
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
 			imagetest.WriteFile(t, root, "ca.pem", ca.CertPEM)
-			writeHosts(t, root, tc.host, "server = \"https://"+tc.host+"\"\n"+tc.hosts+"\n")
+			imagetest.WriteHosts(t, root, tc.host, "server = \"https://"+tc.host+"\"\n"+tc.hosts+"\n")
 			p, cs := newPuller(t, Config{HostsDir: root})
 			got, err := p.Pull(context.Background(), tc.host+"/team/app:v1", nil)
 			if tc.wantErr == "" {
@@ -278,9 +259,9 @@ client = [["` + badCertFile + `", "` + badKeyFile + `"]]`, "certificate required
 
 func TestHostsTomlErrors(t *testing.T) {
 	root := t.TempDir()
-	writeHosts(t, root, "syntax.example", "server = \"https://syntax.example\"\n[host.\"https://m.example\"\ncapabilities = [\"pull\"]\n")
-	writeHosts(t, root, "caps.example", "[host.\"https://m.example\"]\ncapabilities = [\"pull\", \"fetch\"]\n")
-	writeHosts(t, root, "type.example", "[host.\"https://m.example\"]\nskip_verify = \"yes\"\n")
+	imagetest.WriteHosts(t, root, "syntax.example", "server = \"https://syntax.example\"\n[host.\"https://m.example\"\ncapabilities = [\"pull\"]\n")
+	imagetest.WriteHosts(t, root, "caps.example", "[host.\"https://m.example\"]\ncapabilities = [\"pull\", \"fetch\"]\n")
+	imagetest.WriteHosts(t, root, "type.example", "[host.\"https://m.example\"]\nskip_verify = \"yes\"\n")
 	p, _ := newPuller(t, Config{HostsDir: root})
 	for _, tc := range []struct{ host, want string }{
 		{"syntax.example", filepath.Join(root, "syntax.example", "hosts.toml") + ":2:"},
@@ -313,14 +294,14 @@ func TestHostsTomlEditsApplyNextPull(t *testing.T) {
 	imagetest.Push(t, a, "team/app:v1", img)
 	root := t.TempDir()
 	hosts := func(mirror string) string {
-		return fmt.Sprintf("server = \"https://%s\"\n[host.\"http://%s\"]\n", closedPort(t), mirror)
+		return fmt.Sprintf("server = \"https://%s\"\n[host.\"http://%s\"]\n", imagetest.ClosedAddr(t), mirror)
 	}
-	writeHosts(t, root, "registry.example", hosts(a))
+	imagetest.WriteHosts(t, root, "registry.example", hosts(a))
 	p, _ := newPuller(t, Config{HostsDir: root})
 	if _, err := p.Pull(context.Background(), "registry.example/team/app:v1", nil); err != nil {
 		t.Fatal(err)
 	}
-	writeHosts(t, root, "registry.example", hosts(b)) // b does not have it
+	imagetest.WriteHosts(t, root, "registry.example", hosts(b)) // b does not have it
 	_, err := p.Pull(context.Background(), "registry.example/team/app:v1", nil)
 	if err == nil || !strings.Contains(err.Error(), b) {
 		t.Fatalf("pull after the edit: %v, want a failure from %s", err, b)
@@ -341,7 +322,7 @@ func TestHostsTomlPrecedenceOverMirrors(t *testing.T) {
 	viaMirrors := imagetest.StartRegistry(t)
 	imagetest.Push(t, viaHosts, "team/app:v1", img)
 	root := t.TempDir()
-	writeHosts(t, root, "one.example", fmt.Sprintf("server = \"http://%s\"\n", viaHosts))
+	imagetest.WriteHosts(t, root, "one.example", fmt.Sprintf("server = \"http://%s\"\n", viaHosts))
 	p, _ := newPuller(t, Config{HostsDir: root, Mirrors: map[string][]string{
 		"one.example": {"http://" + viaMirrors}, // not used: one.example has a directory
 		"two.example": {"http://" + viaHosts},   // used: two.example has none
