@@ -309,34 +309,37 @@ func (s *Service) Pull(ctx context.Context, ref string, auth *remote.Auth) (*Ima
 // freeAfterFailure frees what a failed pull stored (the manifest, the config, layers
 // that completed before another failed) and that no image references, so that a pull
 // cut by a stalled registry, a refused signature or a bad layer leaves nothing behind.
-// Only while no other pull runs, since another pull's blobs are unreferenced until its
-// image is recorded; else the last of the pulls running frees them when it fails, or
-// the next removal or start does.
 func (s *Service) freeAfterFailure(ctx context.Context, name string, pullErr error) {
-	if !s.gcMu.TryLock() {
-		return
-	}
-	defer s.gcMu.Unlock()
-	if err := s.gcLocked(context.WithoutCancel(ctx)); err != nil {
+	if ran, err := s.freeUnreferenced(ctx); ran && err != nil {
 		s.log.Warn("free what a failed pull stored", "ref", name, "pull_err", pullErr, "err", err)
 	}
 }
 
-// freeAfterFullDisk frees what a pull refused for lack of space left behind: complete
-// blobs and layers of an image that was never recorded. Only while no other pull runs,
-// since another pull's blobs are unreferenced until its image is recorded.
+// freeUnreferenced frees the blobs and snapshots no image references, when no pull
+// runs: another pull's blobs are unreferenced until its image is recorded. ran says
+// whether it did; else the last of the pulls running frees them when it fails, or the
+// next removal or start does.
+func (s *Service) freeUnreferenced(ctx context.Context) (ran bool, err error) {
+	if !s.gcMu.TryLock() {
+		return false, nil
+	}
+	defer s.gcMu.Unlock()
+	return true, s.gcLocked(context.WithoutCancel(ctx))
+}
+
+// freeAfterFullDisk frees what a pull refused for lack of space left behind (complete
+// blobs and layers of an image that was never recorded) and logs the space it got back.
 func (s *Service) freeAfterFullDisk(ctx context.Context, name string, start time.Time, pullErr error) {
 	var free int64 = -1
 	if sp, err := diskspace.Stat(s.cfg.Root); err == nil {
 		free = sp.Free
 	}
-	if !s.gcMu.TryLock() {
-		s.log.Warn("pull refused: image filesystem full; other pulls are running, so what this one stored is freed at the next image removal",
+	ran, gcErr := s.freeUnreferenced(ctx)
+	if !ran {
+		s.log.Warn("pull refused: image filesystem full; other pulls are running, so what this one stored is freed when the last of them fails, or at the next image removal",
 			"ref", name, "after", time.Since(start), "free_bytes", free, "err", pullErr)
 		return
 	}
-	defer s.gcMu.Unlock()
-	gcErr := s.gcLocked(context.WithoutCancel(ctx))
 	after := free
 	if sp, err := diskspace.Stat(s.cfg.Root); err == nil {
 		after = sp.Free
@@ -460,8 +463,7 @@ func (lp *layerPull) layer(ctx context.Context, i int, l remote.Layer, fetch rem
 	defer func() {
 		// A stalled registry fails the pulls that waited for this one's claim too:
 		// each would wait out the progress timeout anew, one after the other.
-		var stalled *remote.StalledError
-		if errors.As(err, &stalled) {
+		if remote.IsStalled(err) {
 			claim.Abandon(err)
 		}
 		claim.Release()

@@ -4,10 +4,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 
-	"github.com/containerd/errdefs"
 )
 
 // maxAuthFileSize bounds what is read of the node's auth file; real ones are a few KiB.
@@ -40,9 +40,15 @@ func readAuthFile(path string) (*authFile, error) {
 		return nil, fmt.Errorf("registry.auth_file: %w", err)
 	}
 	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxAuthFileSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("registry.auth_file %s: %w", path, err)
+	}
+	if len(b) > maxAuthFileSize {
+		return nil, fmt.Errorf("registry.auth_file %s: larger than %d bytes", path, maxAuthFileSize)
+	}
 	var af authFile
-	dec := json.NewDecoder(&limitReader{r: f, left: maxAuthFileSize})
-	if err := dec.Decode(&af); err != nil {
+	if err := json.Unmarshal(b, &af); err != nil {
 		return nil, fmt.Errorf("registry.auth_file %s: not a config.json: %w", path, err)
 	}
 	for key, e := range af.Auths {
@@ -74,14 +80,10 @@ func CheckAuthFile(path string) error {
 // authKey normalizes an auths key: the scheme and docker's "/v1/" path go, Docker
 // Hub's names fold into docker.io, and a repository path stays.
 func authKey(key string) string {
-	key = strings.TrimSpace(key)
-	if i := strings.Index(key, "://"); i >= 0 {
-		key = key[i+3:]
+	host, path := splitRegistryPath(key)
+	if path == "v1" || path == "v2" {
+		path = ""
 	}
-	key = strings.TrimSuffix(strings.TrimSuffix(key, "/"), "/v1")
-	key = strings.TrimSuffix(key, "/v2")
-	host, path, _ := strings.Cut(key, "/")
-	host = canonicalHost(host)
 	if host == "" {
 		return ""
 	}
@@ -111,23 +113,4 @@ func (af *authFile) lookup(host, repo string) (*Auth, bool) {
 		}
 	}
 	return nil, false
-}
-
-// limitReader is io.LimitReader that fails instead of ending the stream early, so a
-// file cut at the limit is not taken for a whole one.
-type limitReader struct {
-	r    interface{ Read([]byte) (int, error) }
-	left int64
-}
-
-func (l *limitReader) Read(p []byte) (int, error) {
-	if l.left <= 0 {
-		return 0, fmt.Errorf("larger than %d bytes: %w", maxAuthFileSize, errdefs.ErrInvalidArgument)
-	}
-	if int64(len(p)) > l.left {
-		p = p[:l.left]
-	}
-	n, err := l.r.Read(p)
-	l.left -= int64(n)
-	return n, err
 }

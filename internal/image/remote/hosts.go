@@ -37,14 +37,20 @@ func canonicalHost(h string) string {
 // hostOf extracts host[:port] from what a person may write for a registry: a bare
 // host, a host:port, or a URL such as "https://index.docker.io/v1/".
 func hostOf(s string) string {
+	host, _ := splitRegistryPath(s)
+	return host
+}
+
+// splitRegistryPath splits what a person writes for a registry or a repository on
+// one ("https://index.docker.io/v1/", "reg.example:5000/team/app") into its canonical
+// host and the path after it, without a scheme or slashes at the ends.
+func splitRegistryPath(s string) (host, path string) {
 	s = strings.TrimSpace(s)
 	if i := strings.Index(s, "://"); i >= 0 {
 		s = s[i+3:]
 	}
-	if i := strings.IndexByte(s, '/'); i >= 0 {
-		s = s[:i]
-	}
-	return canonicalHost(s)
+	host, path, _ = strings.Cut(s, "/")
+	return canonicalHost(host), strings.Trim(path, "/")
 }
 
 // endpoint is one place a repository can be pulled from: a mirror or the registry.

@@ -132,8 +132,9 @@ func (b *watchedBody) Close() error {
 	return err
 }
 
-// isStalled reports whether err is a progress timeout.
-func isStalled(err error) bool {
+// IsStalled reports whether err is a progress timeout: a failure that would repeat
+// for whoever waited on the same download, so it is theirs too rather than retried.
+func IsStalled(err error) bool {
 	var s *StalledError
 	return errors.As(err, &s)
 }

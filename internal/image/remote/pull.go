@@ -764,7 +764,7 @@ func (p *Puller) fetchWith(ctx context.Context, src *source, desc ocispec.Descri
 		})
 		// A stalled download is not tried again by the pulls that shared it: each
 		// would wait out the timeout anew.
-		if err == nil || !shared || attempt > 0 || ctx.Err() != nil || isStalled(err) {
+		if err == nil || !shared || attempt > 0 || ctx.Err() != nil || IsStalled(err) {
 			return err
 		}
 		p.log.Debug("shared download failed, downloading again", "digest", desc.Digest, "err", err)
@@ -834,7 +834,7 @@ type connReader struct {
 func (c *connReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.read += int64(n)
-	if err != nil && err != io.EOF && c.ctx.Err() == nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) && !isStalled(err) {
+	if err != nil && err != io.EOF && c.ctx.Err() == nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) && !IsStalled(err) {
 		err = fmt.Errorf("connection to %s lost after %d bytes (%w): %w", c.ep.where(), c.read, err, errdefs.ErrUnavailable)
 	}
 	return n, err

@@ -125,11 +125,17 @@ func writeKey(t testing.TB, pub crypto.PublicKey, signer signature.Signer) *test
 // newECDSAKey is a key as `cosign generate-key-pair` makes: ECDSA P-256, SHA-256.
 func newECDSAKey(t testing.TB) *testKey {
 	t.Helper()
-	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	return newECDSAKeyOn(t, elliptic.P256(), crypto.SHA256)
+}
+
+// newECDSAKeyOn is an ECDSA key on curve, signing hashes made with h.
+func newECDSAKeyOn(t testing.TB, curve elliptic.Curve, h crypto.Hash) *testKey {
+	t.Helper()
+	priv, err := ecdsa.GenerateKey(curve, rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sv, err := signature.LoadECDSASignerVerifier(priv, crypto.SHA256)
+	sv, err := signature.LoadECDSASignerVerifier(priv, h)
 	if err != nil {
 		t.Fatal(err)
 	}

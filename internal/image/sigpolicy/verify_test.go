@@ -3,7 +3,6 @@ package sigpolicy
 import (
 	"context"
 	"crypto"
-	"crypto/ecdsa"
 	"crypto/ed25519"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -472,35 +471,11 @@ func TestVerifyKeyTypes(t *testing.T) {
 	newKey := func(t *testing.T, kind string) *testKey {
 		switch kind {
 		case "P-384, SHA-384":
-			priv, err := ecdsa.GenerateKey(elliptic.P384(), rand.Reader)
-			if err != nil {
-				t.Fatal(err)
-			}
-			sv, err := signature.LoadECDSASignerVerifier(priv, crypto.SHA384)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return writeKey(t, priv.Public(), sv)
+			return newECDSAKeyOn(t, elliptic.P384(), crypto.SHA384)
 		case "P-384, SHA-256":
-			priv, err := ecdsa.GenerateKey(elliptic.P384(), rand.Reader)
-			if err != nil {
-				t.Fatal(err)
-			}
-			sv, err := signature.LoadECDSASignerVerifier(priv, crypto.SHA256)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return writeKey(t, priv.Public(), sv)
+			return newECDSAKeyOn(t, elliptic.P384(), crypto.SHA256)
 		case "P-521, SHA-512":
-			priv, err := ecdsa.GenerateKey(elliptic.P521(), rand.Reader)
-			if err != nil {
-				t.Fatal(err)
-			}
-			sv, err := signature.LoadECDSASignerVerifier(priv, crypto.SHA512)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return writeKey(t, priv.Public(), sv)
+			return newECDSAKeyOn(t, elliptic.P521(), crypto.SHA512)
 		case "RSA-2048":
 			priv, err := rsa.GenerateKey(rand.Reader, 2048)
 			if err != nil {
