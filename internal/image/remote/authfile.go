@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"strings"
-
 )
 
 // maxAuthFileSize bounds what is read of the node's auth file; real ones are a few KiB.
