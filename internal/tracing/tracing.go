@@ -1,0 +1,54 @@
+// Package tracing is the span API every layer of crisp uses, the shim included: it
+// starts a child of the span in the context and ends it with the call's error.
+//
+// It holds no provider. A span is started with the provider of its parent
+// (trace.SpanFromContext(ctx).TracerProvider()), so a phase is traced exactly when the
+// call it runs under is: the CRI server span (criserver, OpenTelemetry SDK) or the
+// shim's ttrpc server span (the shim's relay recorder). Work with no traced caller gets
+// OpenTelemetry's no-op span, which costs a context lookup and nothing else. That is
+// also why there is no global provider to set, and why this package must stay a leaf
+// that the shim can link: the OpenTelemetry API only, no SDK, no net/http.
+package tracing
+
+import (
+	"context"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Scope is the instrumentation scope of crisp's spans.
+const Scope = "github.com/crisp-runtime/crisp"
+
+// Start starts span name as a child of the span in ctx, with the parent's provider.
+// Call End (or Finish) on the result.
+func Start(ctx context.Context, name string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+	parent := trace.SpanFromContext(ctx)
+	if !parent.SpanContext().IsValid() {
+		// No traced caller: skip the tracer lookup (the no-op provider's span).
+		return ctx, parent
+	}
+	return parent.TracerProvider().Tracer(Scope).Start(ctx, name, trace.WithAttributes(attrs...))
+}
+
+// Traced reports whether ctx carries a recording span: callers use it to skip building
+// attributes that cost something to compute.
+func Traced(ctx context.Context) bool {
+	return trace.SpanFromContext(ctx).IsRecording()
+}
+
+// End ends span, marking it failed with err's message when err is not nil.
+func End(span trace.Span, err error) {
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+}
+
+// Finish is End for a deferred call on a named error result: defer
+// tracing.Finish(span, &err).
+func Finish(span trace.Span, err *error) {
+	End(span, *err)
+}
