@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
@@ -76,6 +78,8 @@ type Config struct {
 	Metrics MetricsConfig `toml:"metrics"`
 	// NRI configures the Node Resource Interface (containerd's [plugins."io.containerd.nri.v1.nri"] keys).
 	NRI NRIConfig `toml:"nri"`
+	// Tracing configures OpenTelemetry traces of CRI calls, down into the shims.
+	Tracing TracingConfig `toml:"tracing"`
 	// Runtimes maps a runtime handler (RuntimeClass) name to the shim that runs its pods.
 	Runtimes map[string]Runtime `toml:"runtimes"`
 }
@@ -182,6 +186,105 @@ type MetricsConfig struct {
 	// Address is the host:port serving /metrics over plain HTTP; empty turns metrics
 	// off. It has no authentication: keep it on loopback or a node-local network.
 	Address string `toml:"address" comment:"host:port serving Prometheus metrics at /metrics (e.g. 127.0.0.1:9942); empty turns metrics off"`
+}
+
+// Tracing protocols: OTLP over gRPC (the collector's port 4317) or over HTTP with
+// protobuf bodies (port 4318), as OTEL_EXPORTER_OTLP_PROTOCOL names them.
+const (
+	TracingProtocolGRPC = "grpc"
+	TracingProtocolHTTP = "http/protobuf"
+)
+
+// TracingConfig configures OpenTelemetry tracing: a span per CRI call that continues
+// the caller's trace context (kubelet sends it in the gRPC metadata), child spans for
+// the phases of the call, and the pod's shim's spans, exported over OTLP. The keys are
+// containerd's (its otlp exporter and tracing plugin) and CRI-O's ([crio.tracing]).
+type TracingConfig struct {
+	// Enable turns tracing on; off by default, when crisp records and sends nothing.
+	Enable bool `toml:"enable" comment:"export OpenTelemetry traces of CRI calls (off by default)"`
+	// Endpoint is the collector: host:port, or a URL whose http:// scheme also means
+	// Insecure. Empty is the protocol's default on loopback.
+	Endpoint string `toml:"endpoint" comment:"OTLP collector: host:port or http(s)://host:port[/path]; empty: 127.0.0.1:4317 (grpc) or 127.0.0.1:4318 (http/protobuf)"`
+	// Protocol is TracingProtocolGRPC or TracingProtocolHTTP.
+	Protocol string `toml:"protocol" comment:"grpc or http/protobuf"`
+	// Insecure sends without TLS (a collector on the node or in the pod network).
+	Insecure bool `toml:"insecure" comment:"send without TLS"`
+	// SamplingRatio is the share of traces crisp starts itself that are sampled; a
+	// call that arrives with a trace context follows its caller's decision.
+	SamplingRatio float64 `toml:"sampling_ratio" comment:"share (0 to 1) of traces crisp starts that are sampled; calls with a caller's trace context follow its decision"`
+	// ServiceName is service.name of criserver's spans; the shims' are it plus "-shim".
+	ServiceName string `toml:"service_name" comment:"service.name of criserver's spans (the shims' get \"-shim\" appended)"`
+}
+
+func (t TracingConfig) validate() error {
+	if t.Protocol != TracingProtocolGRPC && t.Protocol != TracingProtocolHTTP {
+		return fmt.Errorf("tracing.protocol must be %q or %q, got %q", TracingProtocolGRPC, TracingProtocolHTTP, t.Protocol)
+	}
+	if t.SamplingRatio < 0 || t.SamplingRatio > 1 || math.IsNaN(t.SamplingRatio) {
+		return fmt.Errorf("tracing.sampling_ratio must be between 0 and 1, got %v", t.SamplingRatio)
+	}
+	if t.ServiceName == "" {
+		return fmt.Errorf("tracing.service_name must not be empty")
+	}
+	if _, err := t.Target(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// TracingTarget is where spans go, parsed from TracingConfig.
+type TracingTarget struct {
+	// HostPort is the collector's host:port.
+	HostPort string
+	// Path is the URL path of an HTTP endpoint ("" for the exporter's /v1/traces).
+	Path string
+	// Insecure is true for Insecure or an http:// endpoint.
+	Insecure bool
+}
+
+// Target parses Endpoint for Protocol.
+func (t TracingConfig) Target() (TracingTarget, error) {
+	out := TracingTarget{Insecure: t.Insecure}
+	ep := t.Endpoint
+	switch {
+	case ep == "" && t.Protocol == TracingProtocolHTTP:
+		out.HostPort = "127.0.0.1:4318"
+		return out, nil
+	case ep == "":
+		out.HostPort = "127.0.0.1:4317"
+		return out, nil
+	case strings.Contains(ep, "://"):
+		u, err := url.Parse(ep)
+		if err != nil {
+			return out, fmt.Errorf("tracing.endpoint %q: %w", ep, err)
+		}
+		switch u.Scheme {
+		case "http":
+			out.Insecure = true
+		case "https":
+		default:
+			return out, fmt.Errorf("tracing.endpoint %q: the scheme must be http or https", ep)
+		}
+		if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+			return out, fmt.Errorf("tracing.endpoint %q: only scheme, host, port and path are allowed", ep)
+		}
+		if u.Path != "" && u.Path != "/" && t.Protocol == TracingProtocolGRPC {
+			return out, fmt.Errorf("tracing.endpoint %q: a grpc endpoint has no path", ep)
+		}
+		if u.Path != "/" {
+			out.Path = u.Path
+		}
+		ep = u.Host
+	}
+	host, port, err := net.SplitHostPort(ep)
+	if err != nil || host == "" {
+		return out, fmt.Errorf("tracing.endpoint must be host:port or http(s)://host:port[/path], got %q", t.Endpoint)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
+		return out, fmt.Errorf("tracing.endpoint %q: port must be 1 to 65535", t.Endpoint)
+	}
+	out.HostPort = ep
+	return out, nil
 }
 
 // CDIConfig says where CDI spec files are found. A CRI CDIDevices entry or a
@@ -347,6 +450,11 @@ func Default() Config {
 			PluginRegistrationTimeout: Duration(5 * time.Second),
 			PluginRequestTimeout:      Duration(2 * time.Second),
 		},
+		Tracing: TracingConfig{
+			Protocol:      TracingProtocolGRPC,
+			SamplingRatio: 1,
+			ServiceName:   "crisp",
+		},
 		Runtimes: map[string]Runtime{
 			"runc": {Shim: "shim-runc", Namespace: "k8s.io", WarmSpare: true},
 		},
@@ -485,6 +593,9 @@ func (c Config) Validate() error {
 		return err
 	}
 	if err := c.NRI.validate(); err != nil {
+		return err
+	}
+	if err := c.Tracing.validate(); err != nil {
 		return err
 	}
 	return c.Streaming.validate()
