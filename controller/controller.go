@@ -57,6 +57,9 @@ type Options struct {
 	// PauseBinary is the static binary mounted as the pause container of pods on
 	// task-only shims; empty finds shim-runc next to criserver or on PATH.
 	PauseBinary string
+	// ShimInterceptor, when set, runs on every ttrpc call to a shim: tracing's client
+	// span and trace context (internal/tracing/export).
+	ShimInterceptor ttrpc.UnaryClientInterceptor
 }
 
 // Spec is what the controller needs to run a pod.
@@ -309,9 +312,17 @@ func (c *Controller) startShimProcess(ctx context.Context, rec *record) (string,
 // pod's sandboxer by its handler's mode: crisp's shim serves the sandbox API itself; a
 // task-only shim's sandbox API is tasksandbox's, on top of the shim's task API.
 func (c *Controller) connect(ctx context.Context, sb *sandbox) error {
-	var copts []ttrpc.ClientOpts
+	var chain []ttrpc.UnaryClientInterceptor
+	if c.opts.ShimInterceptor != nil {
+		chain = append(chain, c.opts.ShimInterceptor)
+	}
 	if sb.rec.TaskAPI == 2 {
-		copts = append(copts, ttrpc.WithUnaryClientInterceptor(tasksandbox.TaskV2))
+		// Innermost: the span is named for the call crisp makes (task v3).
+		chain = append(chain, tasksandbox.TaskV2)
+	}
+	var copts []ttrpc.ClientOpts
+	if len(chain) > 0 {
+		copts = append(copts, ttrpc.WithChainUnaryClientInterceptor(chain...))
 	}
 	client, err := dialShim(ctx, sb.rec.Address, copts, func() {
 		sb.mu.Lock()

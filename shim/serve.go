@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
+	"github.com/crisp-runtime/crisp/internal/tracing/recorder"
 	"github.com/crisp-runtime/crisp/shim/events"
 	"github.com/crisp-runtime/crisp/shim/pause"
 	"github.com/crisp-runtime/crisp/shim/reaper"
@@ -104,6 +105,15 @@ func Serve(ctx context.Context, f Flags, log *slog.Logger) error {
 			log.Warn("task events", "error", err)
 		}
 	}()
+	// Spans of traced calls go to criserver's relay; the last ones are sent once the
+	// server has stopped (defers run last first).
+	rec := recorder.New(f.ID, os.Getpid(), log)
+	rec.Start()
+	defer func() {
+		fctx, fcancel := context.WithTimeout(context.Background(), eventsFlushTimeout)
+		defer fcancel()
+		rec.Close(fctx)
+	}()
 	tasks, err := task.New(task.Config{
 		SandboxID:  f.ID,
 		SandboxPid: svc.PausePid,
@@ -125,10 +135,11 @@ func Serve(ctx context.Context, f Flags, log *slog.Logger) error {
 		return err
 	}
 	// The services return errdefs kinds; they become gRPC codes here, once.
-	server, err := ttrpc.NewServer(ttrpc.WithUnaryServerInterceptor(func(ctx context.Context, um ttrpc.Unmarshaler, _ *ttrpc.UnaryServerInfo, m ttrpc.Method) (any, error) {
-		resp, err := m(ctx, um)
-		return resp, task.GRPCStatus(err)
-	}))
+	server, err := ttrpc.NewServer(ttrpc.WithChainUnaryServerInterceptor(rec.ServerInterceptor(),
+		func(ctx context.Context, um ttrpc.Unmarshaler, _ *ttrpc.UnaryServerInfo, m ttrpc.Method) (any, error) {
+			resp, err := m(ctx, um)
+			return resp, task.GRPCStatus(err)
+		}))
 	if err != nil {
 		_ = l.Close()
 		return fmt.Errorf("ttrpc server: %w", err)

@@ -25,6 +25,7 @@ import (
 	"github.com/crisp-runtime/crisp/internal/nri"
 	"github.com/crisp-runtime/crisp/internal/store"
 	"github.com/crisp-runtime/crisp/internal/streaming"
+	"github.com/crisp-runtime/crisp/internal/tracing/export"
 	"github.com/crisp-runtime/crisp/internal/version"
 )
 
@@ -111,6 +112,20 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	defer netMgr.Close()
 	netMgr.SetMetrics(m)
 
+	// Tracing starts before anything that makes spans; it flushes last (defers run
+	// last first), after the CRI server and the shim connections are gone.
+	tr, err := export.New(ctx, cfg.Tracing, filepath.Join(cfg.StateDir, "trace-relay.sock"), log.With("component", "tracing"))
+	if err != nil {
+		return err
+	}
+	defer func() {
+		fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tr.Close(fctx); err != nil {
+			log.Warn("tracing: flush spans", "err", err)
+		}
+	}()
+
 	ctrl, err := controller.New(controller.Options{
 		StateDir:         cfg.StateDir,
 		Runtimes:         cfg.Runtimes,
@@ -118,6 +133,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		SystemdCgroup:    cfg.CgroupDriver == config.CgroupDriverSystemd,
 		Address:          cfg.Socket,
 		Metrics:          m,
+		ShimInterceptor:  tr.TTRPCClientInterceptor(),
 	}, st, netMgr, log.With("component", "controller"))
 	if err != nil {
 		return err
@@ -208,8 +224,9 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		unary = append([]grpc.UnaryServerInterceptor{m.UnaryServerInterceptor()}, unary...)
 		streams = append(streams, m.StreamServerInterceptor())
 	}
-	srv := grpc.NewServer(grpc.MaxRecvMsgSize(maxMsgSize), grpc.MaxSendMsgSize(maxMsgSize),
-		grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(streams...))
+	sopts := append([]grpc.ServerOption{grpc.MaxRecvMsgSize(maxMsgSize), grpc.MaxSendMsgSize(maxMsgSize),
+		grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(streams...)}, tr.GRPCServerOptions()...)
+	srv := grpc.NewServer(sopts...)
 	runtime.RegisterRuntimeServiceServer(srv, svc)
 	runtime.RegisterImageServiceServer(srv, svc)
 

@@ -52,3 +52,21 @@ func End(span trace.Span, err error) {
 func Finish(span trace.Span, err *error) {
 	End(span, *err)
 }
+
+// The relay: crisp's shim does not link an OTLP exporter (gRPC and net/http would
+// cost every per-pod process memory), so it sends its finished spans, OTLP-encoded as
+// a TracesData message, over ttrpc to criserver, which exports them with its own.
+const (
+	// RelayService and RelayMethod name criserver's ttrpc method that takes a shim's
+	// spans (request opentelemetry.proto.trace.v1.TracesData, response Empty).
+	RelayService = "crisp.tracing.v1.Relay"
+	RelayMethod  = "Export"
+	// RelayHeader is the ttrpc metadata key of a traced call to crisp's shim that
+	// carries the relay's socket path: the shim records spans only for calls that
+	// carry it, so a shim needs no tracing setting of its own and follows criserver's
+	// across restarts.
+	RelayHeader = "crisp-trace-relay"
+	// TraceparentHeader is the W3C trace context header, as propagation.TraceContext
+	// writes it into ttrpc metadata.
+	TraceparentHeader = "traceparent"
+)

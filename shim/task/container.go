@@ -13,13 +13,18 @@ import (
 	"time"
 
 	"github.com/opencontainers/cgroups"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"golang.org/x/sys/unix"
 
 	taskv3 "github.com/crisp-runtime/crisp/api/containerd/task/v3"
 	taskapi "github.com/crisp-runtime/crisp/api/containerd/types/task"
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
+
 	"github.com/crisp-runtime/crisp/internal/cgstats"
 	"github.com/crisp-runtime/crisp/internal/crilog"
+	"github.com/crisp-runtime/crisp/internal/tracing"
 )
 
 // Timeouts of the exit path.
@@ -62,11 +67,14 @@ type container struct {
 	// cg is the container's cgroup for Stats, loaded on the first call (loading probes
 	// every hierarchy; a shim nobody asks for stats never pays for it).
 	cg *cgstats.Cgroup
+	// traceParent is the span of the call that created the container (a no-op one
+	// when it was not traced): the init's exit handling is traced as its child.
+	traceParent trace.Span
 }
 
 // newContainer creates the container req asks for and starts its init, which waits at
 // libcontainer's exec fifo for Start. Each step undoes itself when a later one fails.
-func (s *Service) newContainer(req *taskv3.CreateTaskRequest, opts *optionsv1.ContainerOptions) (_ *container, retErr error) {
+func (s *Service) newContainer(ctx context.Context, req *taskv3.CreateTaskRequest, opts *optionsv1.ContainerOptions) (_ *container, retErr error) {
 	// 1. The container and its log file.
 	c, err := s.openContainer(req, opts)
 	if err != nil {
@@ -92,7 +100,9 @@ func (s *Service) newContainer(req *taskv3.CreateTaskRequest, opts *optionsv1.Co
 	// helper names it.
 	sub := s.reaper.Subscribe()
 	defer sub.Close()
-	resp, err := s.runHelper(context.Background(), helperCreate, hreq, files)
+	// The helper runs to its end whatever the caller does (see runHelper); only the
+	// trace goes with it.
+	resp, err := s.runHelper(context.WithoutCancel(ctx), helperCreate, hreq, files)
 	if err != nil {
 		sio.abort()
 		if resp == nil {
@@ -105,6 +115,7 @@ func (s *Service) newContainer(req *taskv3.CreateTaskRequest, opts *optionsv1.Co
 	sub.Close()
 	// 4. From here the init runs (or ran): its waiter reaps it, and a failure kills it
 	// and destroys the container.
+	c.traceParent = trace.SpanFromContext(ctx)
 	if err := s.watchInit(c, p, sio, resp.Pid, ws, exited); err != nil {
 		c.undoCreate()
 		return nil, internal("container %q: %v", c.id, err)
@@ -116,7 +127,7 @@ func (s *Service) newContainer(req *taskv3.CreateTaskRequest, opts *optionsv1.Co
 // the helper only mounts the rootfs and creates the libcontainer container, and Start
 // restores the processes, as containerd's runc shim does, so that the CRI's created and
 // started states stay apart.
-func (s *Service) newContainerFromCheckpoint(req *taskv3.CreateTaskRequest, opts *optionsv1.ContainerOptions) (_ *container, retErr error) {
+func (s *Service) newContainerFromCheckpoint(ctx context.Context, req *taskv3.CreateTaskRequest, opts *optionsv1.ContainerOptions) (_ *container, retErr error) {
 	id, images := req.GetID(), req.GetCheckpoint()
 	if !filepath.IsAbs(images) {
 		return nil, invalid("checkpoint %q of container %q must be an absolute path", images, id)
@@ -134,7 +145,7 @@ func (s *Service) newContainerFromCheckpoint(req *taskv3.CreateTaskRequest, opts
 		}
 	}()
 	hreq := createHelperRequest(req)
-	resp, err := s.runHelper(context.Background(), helperCreate, hreq, nil)
+	resp, err := s.runHelper(context.WithoutCancel(ctx), helperCreate, hreq, nil)
 	if resp == nil && err != nil {
 		s.cleanupAfterHelper(id, c.bundle, len(hreq.Rootfs) > 0)
 	}
@@ -308,6 +319,8 @@ func (c *container) waitInit() {
 		c.log.Error("wait for container init", "pid", pid, "error", err)
 		status = 255
 	}
+	span := c.exitSpan(at)
+	defer span.End()
 	// Right after the exit, before anything slow (the output drain): under the systemd
 	// driver the scope, and with it memory.events, goes as soon as it is empty.
 	oom := c.oom != nil && c.oom.checkExit(status == 128+uint32(unix.SIGKILL))
@@ -328,8 +341,24 @@ func (c *container) waitInit() {
 		c.log.Warn("container output still open after exit; closed on delete")
 	}
 	p.setExited(status, at)
+	span.SetAttributes(attribute.Int("crisp.exit_status", int(status)), attribute.Bool("crisp.oom_killed", oom),
+		attribute.Bool("crisp.output_drained", drained))
 	c.log.Info("container exited", "pid", pid, "exit_status", status, "oom_killed", oom)
 	c.svc.releaseMemory()
+}
+
+// exitSpan starts the span of the init's exit handling (the OOM check, killing the
+// rest of a shared-PID container, draining the output), as a child of the span that
+// created the container: the exit comes long after that call, but belongs to its
+// trace. A container created untraced gets a no-op span.
+func (c *container) exitSpan(at time.Time) trace.Span {
+	parent := c.traceParent
+	if parent == nil || !parent.SpanContext().IsSampled() {
+		return noop.Span{}
+	}
+	_, span := parent.TracerProvider().Tracer(tracing.Scope).Start(trace.ContextWithSpan(context.Background(), parent),
+		"shim.container.exit", trace.WithTimestamp(at), trace.WithAttributes(attribute.String("crisp.container.id", c.id)))
+	return span
 }
 
 // waitExec is the one waiter of an exec.

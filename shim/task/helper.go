@@ -9,10 +9,12 @@ import (
 	"syscall"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 
 	"github.com/crisp-runtime/crisp/internal/spawn"
+	"github.com/crisp-runtime/crisp/internal/tracing"
 )
 
 // HelperArg is the hidden first argument that makes the shim binary a short-lived task
@@ -127,7 +129,9 @@ const helperWaitDelay = 30 * time.Second
 // returns a nil response: what it did is unknown, and the caller has to clean up. A
 // cancellable ctx sends the helper SIGTERM when it ends (checkpoint stops CRIU then);
 // other actions run to their end so that nothing is left half done.
-func (s *Service) runHelper(ctx context.Context, action string, req *helperRequest, files []*os.File) (*helperResponse, error) {
+func (s *Service) runHelper(ctx context.Context, action string, req *helperRequest, files []*os.File) (_ *helperResponse, err error) {
+	ctx, span := tracing.Start(ctx, "shim.helper", attribute.String("crisp.helper.action", action), attribute.String("crisp.container.id", req.ID))
+	defer tracing.Finish(span, &err)
 	req.Root = s.root
 	in, err := json.Marshal(req)
 	if err != nil {

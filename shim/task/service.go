@@ -231,7 +231,7 @@ func (s *Service) Create(ctx context.Context, req *taskv3.CreateTaskRequest) (*t
 	if req.GetCheckpoint() != "" {
 		create = s.newContainerFromCheckpoint
 	}
-	c, err := create(req, opts)
+	c, err := create(ctx, req, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -403,7 +403,7 @@ func (s *Service) Start(ctx context.Context, req *taskv3.StartRequest) (*taskv3.
 	}
 	defer c.opMu.Unlock()
 	if req.GetExecID() != "" {
-		return s.startExec(c, req.GetExecID())
+		return s.startExec(ctx, c, req.GetExecID())
 	}
 	if c.restore != nil {
 		return s.startRestore(ctx, c)
@@ -434,7 +434,7 @@ func (c *container) isDeleted() bool {
 }
 
 // startExec runs an exec inside the container; opMu is held.
-func (s *Service) startExec(c *container, execID string) (_ *taskv3.StartResponse, retErr error) {
+func (s *Service) startExec(ctx context.Context, c *container, execID string) (_ *taskv3.StartResponse, retErr error) {
 	p, err := c.process(execID)
 	if err != nil {
 		return nil, err
@@ -453,7 +453,7 @@ func (s *Service) startExec(c *container, execID string) (_ *taskv3.StartRespons
 	files, fds := helperFiles(&child)
 	sub := s.reaper.Subscribe()
 	defer sub.Close()
-	resp, err := s.runHelper(context.Background(), helperExec, &helperRequest{
+	resp, err := s.runHelper(context.WithoutCancel(ctx), helperExec, &helperRequest{
 		ID: c.id, ExecID: execID, Terminal: p.io.terminal, Process: p.spec, Stdio: fds,
 	}, files)
 	if err != nil {
@@ -800,7 +800,7 @@ func (s *Service) Update(ctx context.Context, req *taskv3.UpdateTaskRequest) (*e
 	if c.init.exited() {
 		return nil, failedPrecondition("container %q is not running", c.id)
 	}
-	if _, err := s.runHelper(context.Background(), helperUpdate, &helperRequest{ID: c.id, Resources: a.GetValue()}, nil); err != nil {
+	if _, err := s.runHelper(context.WithoutCancel(ctx), helperUpdate, &helperRequest{ID: c.id, Resources: a.GetValue()}, nil); err != nil {
 		return nil, err
 	}
 	return &emptypb.Empty{}, nil
