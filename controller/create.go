@@ -10,6 +10,7 @@ import (
 
 	sandboxapi "github.com/containerd/containerd/api/runtime/sandbox/v1"
 	"github.com/containerd/errdefs"
+	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	options "github.com/crisp-runtime/crisp/api/options/v1"
@@ -18,6 +19,7 @@ import (
 	"github.com/crisp-runtime/crisp/internal/network"
 	"github.com/crisp-runtime/crisp/internal/network/netns"
 	"github.com/crisp-runtime/crisp/internal/store"
+	"github.com/crisp-runtime/crisp/internal/tracing"
 	"github.com/crisp-runtime/crisp/tasksandbox"
 )
 
@@ -265,11 +267,15 @@ func (c *Controller) startNetwork(ctx context.Context, sb *sandbox, spec Spec) (
 	n := &podNetwork{c: c, sb: sb, mode: networkMode(spec), done: make(chan struct{})}
 	t0 := time.Now()
 	if n.mode == netOwn {
+		_, span := tracing.Start(ctx, "controller.netns.create", attribute.String("crisp.sandbox.id", spec.ID))
 		path, err := netns.New(c.opts.netnsDir(), spec.ID)
 		if err != nil {
-			return nil, fmt.Errorf("create network namespace for pod %s: %w", spec.ID, err)
+			err = fmt.Errorf("create network namespace for pod %s: %w", spec.ID, err)
+		} else {
+			err = checkPinned(spec.ID, path, sb.rec.NetNS)
 		}
-		if err := checkPinned(spec.ID, path, sb.rec.NetNS); err != nil {
+		tracing.End(span, err)
+		if err != nil {
 			return nil, err
 		}
 	}
@@ -354,6 +360,9 @@ func checkPinned(id, path, want string) error {
 func (c *Controller) startPodShim(ctx context.Context, sb *sandbox, spec Spec, adopted bool) (retErr error) {
 	sctx, cancel := context.WithTimeout(ctx, c.opts.ShimStartTimeout)
 	defer cancel()
+	sctx, span := tracing.Start(sctx, "controller.shim.start", attribute.String("crisp.sandbox.id", spec.ID),
+		attribute.String("crisp.runtime_handler", spec.Handler), attribute.Bool("crisp.shim.warm_spare", adopted))
+	defer tracing.Finish(span, &retErr)
 	t0 := time.Now()
 	if err := c.launchShim(sctx, sb, spec, adopted); err != nil {
 		return err
@@ -384,7 +393,9 @@ func (c *Controller) launchShim(ctx context.Context, sb *sandbox, spec Spec, ado
 	if adopted {
 		return nil
 	}
+	_, span := tracing.Start(ctx, "controller.shim.launch", attribute.String("crisp.shim.binary", sb.rec.Shim))
 	addr, version, err := c.startShimProcess(ctx, &sb.rec)
+	tracing.End(span, err)
 	if err != nil {
 		return fmt.Errorf("start shim for pod %s: %w", spec.ID, err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -26,6 +27,7 @@ import (
 	"github.com/crisp-runtime/crisp/internal/metrics"
 	"github.com/crisp-runtime/crisp/internal/mount"
 	"github.com/crisp-runtime/crisp/internal/nri"
+	"github.com/crisp-runtime/crisp/internal/tracing"
 )
 
 // containerBucket holds the CRI's record of each container.
@@ -212,7 +214,9 @@ func (s *Service) createContainer(ctx context.Context, p *pod, st *controller.St
 
 	// 2. The writable rootfs.
 	end := ph.start(metrics.CreatePhaseSnapshot)
+	_, span := tracing.Start(ctx, "cri.container.rootfs", attribute.String("crisp.container.id", id))
 	snapMounts, err := s.images.PrepareRootfs(id, img)
+	tracing.End(span, err)
 	end()
 	if err != nil {
 		return "", fmt.Errorf("prepare rootfs of container %s: %w", id, err)
@@ -253,7 +257,9 @@ func (s *Service) createContainer(ctx context.Context, p *pod, st *controller.St
 	if err != nil {
 		return "", err
 	}
+	_, span = tracing.Start(ctx, "cri.container.spec", attribute.String("crisp.container.id", id))
 	res, err := s.generateSpec(id, specCfg, p, img, imgSpec, st, rootfs, ph, processLabel, mountLabel)
+	tracing.End(span, err)
 	if err != nil {
 		return "", err
 	}

@@ -22,6 +22,8 @@ import (
 	"github.com/containerd/otelttrpc"
 	"github.com/containerd/ttrpc"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
@@ -179,7 +181,16 @@ func (t *Tracing) TTRPCClientInterceptor() ttrpc.UnaryClientInterceptor {
 		}
 		return inner(ctx, req, resp, info, func(ctx context.Context, req *ttrpc.Request, resp *ttrpc.Response) error {
 			req.Metadata = append(req.Metadata, relay)
-			return invoker(ctx, req, resp)
+			err := invoker(ctx, req, resp)
+			// ttrpc hands the server's error back in resp.Status, turned into an error
+			// only after the interceptors ran: otelttrpc sees a failed call as a
+			// success, so the client span's status is set here.
+			if st := resp.GetStatus(); err == nil && st.GetCode() != 0 {
+				span := trace.SpanFromContext(ctx)
+				span.SetStatus(codes.Error, st.GetMessage())
+				span.SetAttributes(attribute.Int("rpc.grpc.status_code", int(st.GetCode())))
+			}
+			return err
 		})
 	}
 }
