@@ -1,0 +1,150 @@
+package e2e
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/crisp-runtime/crisp/internal/image/imagetest"
+	"github.com/crisp-runtime/crisp/internal/tracing/otlptest"
+)
+
+// callerTrace is a trace context as kubelet sends it: a W3C traceparent in the gRPC
+// metadata, for a sampled span of a trace of its own.
+func callerTrace(ctx context.Context, t *testing.T) (context.Context, string, string) {
+	t.Helper()
+	tid, sid := make([]byte, 16), make([]byte, 8)
+	if _, err := rand.Read(tid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rand.Read(sid); err != nil {
+		t.Fatal(err)
+	}
+	traceID, spanID := hex.EncodeToString(tid), hex.EncodeToString(sid)
+	return metadata.AppendToOutgoingContext(ctx, "traceparent", "00-"+traceID+"-"+spanID+"-01"), traceID, spanID
+}
+
+// TestE2ETracing starts a pod and a container under a caller's trace context with
+// tracing on, exporting to an OTLP receiver in the test, and checks the trace: every
+// CRI call is a server span child of the caller's span, the shim's spans (sandbox and
+// task calls, the runc helper, the container's exit) are in the same trace, each
+// parented to the controller's ttrpc client span; image pulls and failures are marked.
+// A criserver with tracing off exports nothing.
+func TestE2ETracing(t *testing.T) {
+	recv, err := otlptest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(recv.Close)
+	e := newEnv(t)
+	e.appendConfig(fmt.Sprintf("[tracing]\nenable = true\nendpoint = %q\ninsecure = true\n", recv.GRPCAddr))
+	e.start()
+	ctx := ctxT(t)
+	tctx, traceID, callerSpan := callerTrace(ctx, t)
+
+	img := e.busybox(tctx)
+	cfg := e.podConfig("traced")
+	podID := e.runPod(tctx, cfg)
+	ctr := e.runCtr(tctx, podID, cfg, ctrConfig("traced", img, "sh", "-c", "exit 3"))
+	e.waitExit(ctx, ctr, 30*time.Second)
+	// Failing calls: the server span carries the gRPC code, and a server-side failure
+	// (Unavailable: a registry that does not answer) the error status, as the gRPC
+	// semantic conventions ask (a caller's NotFound is no error of the server's).
+	if _, err := e.rt.StartContainer(tctx, &cri.StartContainerRequest{ContainerId: strings.Repeat("0", 64)}); err == nil {
+		t.Fatal("StartContainer of an unknown container succeeded")
+	}
+	if _, err := e.img.PullImage(tctx, &cri.PullImageRequest{Image: &cri.ImageSpec{Image: imagetest.ClosedAddr(t) + "/nothing:here"}}); status.Code(err) != codes.Unavailable {
+		t.Fatalf("pull from a closed port: %v, want Unavailable", err)
+	}
+
+	want := []string{
+		"runtime.v1.ImageService/PullImage", "runtime.v1.RuntimeService/RunPodSandbox",
+		"runtime.v1.RuntimeService/CreateContainer", "runtime.v1.RuntimeService/StartContainer",
+		"controller.shim.start", "cri.container.rootfs", "cri.container.spec",
+		"containerd.runtime.sandbox.v1.Sandbox/CreateSandbox", "containerd.runtime.sandbox.v1.Sandbox/StartSandbox",
+		"containerd.task.v3.Task/Create", "containerd.task.v3.Task/Start", "shim.helper", "shim.container.exit",
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	spans, err := recv.WaitFor(wctx, func(all []otlptest.Span) bool {
+		have := map[string]bool{}
+		for _, s := range all {
+			if s.TraceID == traceID {
+				have[s.Name] = true
+			}
+		}
+		for _, n := range want {
+			if !have[n] {
+				return false
+			}
+		}
+		return true
+	})
+	trace := recv.Trace(traceID)
+	t.Logf("trace %s (%d spans):\n%s", traceID, len(trace), otlptest.Tree(trace))
+	if err != nil {
+		t.Fatalf("spans missing after 30 s (received %d in all): %v", len(spans), err)
+	}
+	byID := map[string]otlptest.Span{}
+	for _, s := range trace {
+		byID[s.SpanID] = s
+	}
+	var notFound, failedPull bool
+	for _, s := range trace {
+		switch {
+		case strings.HasPrefix(s.Name, "runtime.v1."):
+			if s.ParentID != callerSpan || s.Service != "crisp" {
+				t.Errorf("CRI span %s: parent %s service %s; want the caller's span %s, crisp", s.Name, s.ParentID, s.Service, callerSpan)
+			}
+			if s.Name == "runtime.v1.RuntimeService/StartContainer" && s.Attrs["rpc.response.status_code"] == "NOT_FOUND" && !s.Failed {
+				notFound = true
+			}
+			if s.Name == "runtime.v1.ImageService/PullImage" && s.Failed && s.Attrs["rpc.response.status_code"] == "UNAVAILABLE" {
+				failedPull = true
+			}
+		case s.Service == "crisp-shim":
+			if s.Attrs["rpc.system"] == "ttrpc" {
+				client, ok := byID[s.ParentID]
+				if !ok || client.Service != "crisp" || client.Name != s.Name {
+					t.Errorf("shim span %s: parent %+v, want the controller's client span of the same call", s.Name, client)
+				}
+			} else if _, ok := byID[s.ParentID]; !ok {
+				t.Errorf("shim span %s has no parent in the trace", s.Name)
+			}
+		default:
+			if _, ok := byID[s.ParentID]; !ok && s.ParentID != callerSpan {
+				t.Errorf("span %s [%s] has no parent in the trace", s.Name, s.Service)
+			}
+		}
+		if s.Name == "shim.container.exit" && s.Attrs["crisp.exit_status"] != "3" {
+			t.Errorf("exit span attributes %v, want crisp.exit_status 3", s.Attrs)
+		}
+	}
+	if !notFound || !failedPull {
+		t.Errorf("failed calls' spans: StartContainer NOT_FOUND found %v, PullImage failed UNAVAILABLE found %v", notFound, failedPull)
+	}
+	e.stopRemove(ctx, t, podID)
+
+	t.Run("off", func(t *testing.T) {
+		off := newEnv(t)
+		off.appendConfig(fmt.Sprintf("[tracing]\nenable = false\nendpoint = %q\ninsecure = true\n", recv.GRPCAddr))
+		off.start()
+		before := recv.Exports()
+		octx, offTrace, _ := callerTrace(ctx, t)
+		id := off.runPod(octx, off.podConfig("untraced"))
+		off.stopRemove(octx, t, id)
+		off.stop()
+		if n := len(recv.Trace(offTrace)); n != 0 || recv.Exports() != before {
+			t.Errorf("tracing off: %d spans of its trace, %d exports (before %d)", n, recv.Exports(), before)
+		}
+	})
+}
