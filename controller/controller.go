@@ -60,6 +60,9 @@ type Options struct {
 	// ShimInterceptor, when set, runs on every ttrpc call to a shim: tracing's client
 	// span and trace context (internal/tracing/export).
 	ShimInterceptor ttrpc.UnaryClientInterceptor
+	// TaskShimEnv is added to the environment of task-only shims: tracing's OTEL_*
+	// variables, which containerd's shims built with tracing export their spans by.
+	TaskShimEnv []string
 }
 
 // Spec is what the controller needs to run a pod.
@@ -276,6 +279,7 @@ func (c *Controller) call(rec *record) shimCall {
 	}
 	if rec.Mode == config.SandboxModeTask {
 		call.events = c.opts.eventsSocket()
+		call.env = c.opts.TaskShimEnv
 		call.options = c.tasks.Options(rec.Handler)
 		_, call.legacy = c.legacyStart.Load(rec.Handler)
 	}

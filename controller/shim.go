@@ -35,6 +35,8 @@ type shimCall struct {
 	// events is the ttrpc address the shim publishes task events to (TTRPC_ADDRESS);
 	// only task-only shims are given one.
 	events string
+	// env is added to a task-only shim's environment (Options.TaskShimEnv).
+	env []string
 	// options are a task-only shim's runtime options, given at start too (the runc
 	// shim reads ShimCgroup from them).
 	options *anypb.Any
@@ -81,6 +83,7 @@ func (s shimCall) start(ctx context.Context) (string, int, error) {
 	if s.events != "" {
 		cmd.Env = append(cmd.Env, "TTRPC_ADDRESS="+s.events)
 	}
+	cmd.Env = append(cmd.Env, s.env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {

@@ -134,6 +134,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		Address:          cfg.Socket,
 		Metrics:          m,
 		ShimInterceptor:  tr.TTRPCClientInterceptor(),
+		TaskShimEnv:      tr.TaskShimEnv(),
 	}, st, netMgr, log.With("component", "controller"))
 	if err != nil {
 		return err

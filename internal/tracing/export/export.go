@@ -56,6 +56,7 @@ type Tracing struct {
 	tp         *sdktrace.TracerProvider
 	prop       propagation.TextMapPropagator
 	client     otlptrace.Client
+	cfg        config.TracingConfig
 	shimName   string
 	relayPath  string
 	relaySrv   *ttrpc.Server
@@ -99,6 +100,7 @@ func New(ctx context.Context, cfg config.TracingConfig, relaySocket string, log 
 		),
 		prop:       propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}),
 		client:     client,
+		cfg:        cfg,
 		shimName:   cfg.ServiceName + "-shim",
 		relayPath:  relaySocket,
 		queue:      make(chan []*tracepb.ResourceSpans, relayQueue),
@@ -193,6 +195,31 @@ func (t *Tracing) TTRPCClientInterceptor() ttrpc.UnaryClientInterceptor {
 			return err
 		})
 	}
+}
+
+// TaskShimEnv is the environment by which a task-only shim (containerd's, built with
+// its shim_tracing tag) exports its own spans to the same collector: the OTLP
+// exporter's standard variables, as containerd's shims inherit them from containerd.
+// Their spans join crisp's trace through the traceparent every call carries.
+func (t *Tracing) TaskShimEnv() []string {
+	if t == nil {
+		return nil
+	}
+	env := []string{
+		"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=" + t.cfg.Protocol,
+		"OTEL_SERVICE_NAME=" + t.shimName,
+	}
+	target, _ := t.cfg.Target()
+	scheme := "https://"
+	if target.Insecure {
+		scheme = "http://"
+		env = append(env, "OTEL_EXPORTER_OTLP_TRACES_INSECURE=true")
+	}
+	path := target.Path
+	if t.cfg.Protocol == config.TracingProtocolHTTP && path == "" {
+		path = "/v1/traces"
+	}
+	return append(env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="+scheme+target.HostPort+path)
 }
 
 // RelayPath is the socket crisp's shims send their spans to.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -196,5 +197,27 @@ func TestUntracedCalls(t *testing.T) {
 	}
 	if n := len(recv.Spans()); n != 0 {
 		t.Errorf("received %d spans of untraced calls:\n%s", n, otlptest.Tree(recv.Spans()))
+	}
+}
+
+func TestTaskShimEnv(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  config.TracingConfig
+		want []string
+	}{
+		{config.TracingConfig{Protocol: config.TracingProtocolGRPC, Endpoint: "otel:4317", Insecure: true, ServiceName: "crisp"}, []string{
+			"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=grpc", "OTEL_SERVICE_NAME=crisp-shim",
+			"OTEL_EXPORTER_OTLP_TRACES_INSECURE=true", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://otel:4317"}},
+		{config.TracingConfig{Protocol: config.TracingProtocolHTTP, Endpoint: "https://otel:443/otlp", ServiceName: "node"}, []string{
+			"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf", "OTEL_SERVICE_NAME=node-shim",
+			"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=https://otel:443/otlp"}},
+		{config.TracingConfig{Protocol: config.TracingProtocolHTTP, ServiceName: "crisp"}, []string{
+			"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf", "OTEL_SERVICE_NAME=crisp-shim",
+			"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=https://127.0.0.1:4318/v1/traces"}},
+	} {
+		tr := &Tracing{cfg: tc.cfg, shimName: tc.cfg.ServiceName + "-shim"}
+		if got := tr.TaskShimEnv(); strings.Join(got, " ") != strings.Join(tc.want, " ") {
+			t.Errorf("TaskShimEnv(%+v) = %q, want %q", tc.cfg, got, tc.want)
+		}
 	}
 }
