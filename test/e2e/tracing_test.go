@@ -9,10 +9,15 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+	criclient "k8s.io/cri-client/pkg"
 
 	"github.com/crisp-runtime/crisp/internal/image/imagetest"
 	"github.com/crisp-runtime/crisp/internal/tracing/otlptest"
@@ -33,12 +38,27 @@ func callerTrace(ctx context.Context, t *testing.T) (context.Context, string, st
 	return metadata.AppendToOutgoingContext(ctx, "traceparent", "00-"+traceID+"-"+spanID+"-01"), traceID, spanID
 }
 
-// TestE2ETracing starts a pod and a container under a caller's trace context with
-// tracing on, exporting to an OTLP receiver in the test, and checks the trace: every
-// CRI call is a server span child of the caller's span, the shim's spans (sandbox and
-// task calls, the runc helper, the container's exit) are in the same trace, each
-// parented to the controller's ttrpc client span; image pulls and failures are marked.
-// A criserver with tracing off exports nothing.
+// kubeletTracer is the tracer provider kubelet runs with tracing on: the SDK with an
+// OTLP/gRPC exporter, service.name kubelet. Shutting it down flushes its spans.
+func kubeletTracer(ctx context.Context, t *testing.T, endpoint string) *sdktrace.TracerProvider {
+	t.Helper()
+	exp, err := otlptracegrpc.New(ctx, otlptracegrpc.WithEndpoint(endpoint), otlptracegrpc.WithInsecure())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp),
+		sdktrace.WithResource(resource.NewSchemaless(attribute.String("service.name", "kubelet"))))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	return tp
+}
+
+// TestE2ETracing drives a pod start with kubelet's own CRI client (k8s.io/cri-client,
+// instrumented with otelgrpc and given a tracer provider as kubelet gives it) under a
+// kubelet span, with tracing on and an OTLP receiver in the test, and checks the one
+// trace: every CRI call is a server span child of kubelet's client span, the shim's
+// spans (sandbox and task calls, the runc helper, the container's exit) are in the
+// same trace, each parented to the controller's ttrpc client span; failed calls are
+// marked. A criserver with tracing off exports nothing.
 func TestE2ETracing(t *testing.T) {
 	recv, err := otlptest.Start()
 	if err != nil {
@@ -49,22 +69,49 @@ func TestE2ETracing(t *testing.T) {
 	e.appendConfig(fmt.Sprintf("[tracing]\nenable = true\nendpoint = %q\ninsecure = true\n", recv.GRPCAddr))
 	e.start()
 	ctx := ctxT(t)
-	tctx, traceID, callerSpan := callerTrace(ctx, t)
+	host := imagetest.StartRegistry(t)
+	imagetest.Push(t, host, "busybox:e2e", imagetest.BusyboxImage(t, imagetest.OCI, imagetest.Gzip))
+	img := host + "/busybox:e2e"
 
-	img := e.busybox(tctx)
+	tp := kubeletTracer(ctx, t, recv.GRPCAddr)
+	rt, err := criclient.NewRemoteRuntimeServiceBuilder().WithEndpoint("unix://"+e.socket).
+		WithConnectionTimeout(time.Minute).WithTracerProvider(tp).Build(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	is, err := criclient.NewRemoteImageServiceBuilder().WithEndpoint("unix://"+e.socket).
+		WithConnectionTimeout(time.Minute).WithTracerProvider(tp).Build(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tctx, root := tp.Tracer("kubelet").Start(ctx, "SyncPod")
+	traceID := root.SpanContext().TraceID().String()
 	cfg := e.podConfig("traced")
-	podID := e.runPod(tctx, cfg)
-	ctr := e.runCtr(tctx, podID, cfg, ctrConfig("traced", img, "sh", "-c", "exit 3"))
+	if _, err := is.PullImage(tctx, &cri.ImageSpec{Image: img}, nil, cfg); err != nil {
+		t.Fatal(err)
+	}
+	podID, err := rt.RunPodSandbox(tctx, cfg, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctr, err := rt.CreateContainer(tctx, podID, ctrConfig("traced", img, "sh", "-c", "exit 3"), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.StartContainer(tctx, ctr); err != nil {
+		t.Fatal(err)
+	}
 	e.waitExit(ctx, ctr, 30*time.Second)
 	// Failing calls: the server span carries the gRPC code, and a server-side failure
 	// (Unavailable: a registry that does not answer) the error status, as the gRPC
 	// semantic conventions ask (a caller's NotFound is no error of the server's).
-	if _, err := e.rt.StartContainer(tctx, &cri.StartContainerRequest{ContainerId: strings.Repeat("0", 64)}); err == nil {
+	if err := rt.StartContainer(tctx, strings.Repeat("0", 64)); err == nil {
 		t.Fatal("StartContainer of an unknown container succeeded")
 	}
-	if _, err := e.img.PullImage(tctx, &cri.PullImageRequest{Image: &cri.ImageSpec{Image: imagetest.ClosedAddr(t) + "/nothing:here"}}); status.Code(err) != codes.Unavailable {
+	if _, err := is.PullImage(tctx, &cri.ImageSpec{Image: imagetest.ClosedAddr(t) + "/nothing:here"}, nil, cfg); status.Code(err) != codes.Unavailable {
 		t.Fatalf("pull from a closed port: %v, want Unavailable", err)
 	}
+	root.End()
 
 	want := []string{
 		"runtime.v1.ImageService/PullImage", "runtime.v1.RuntimeService/RunPodSandbox",
@@ -101,9 +148,10 @@ func TestE2ETracing(t *testing.T) {
 	var notFound, failedPull bool
 	for _, s := range trace {
 		switch {
+		case s.Service == "kubelet":
 		case strings.HasPrefix(s.Name, "runtime.v1."):
-			if s.ParentID != callerSpan || s.Service != "crisp" {
-				t.Errorf("CRI span %s: parent %s service %s; want the caller's span %s, crisp", s.Name, s.ParentID, s.Service, callerSpan)
+			if client := byID[s.ParentID]; s.Service != "crisp" || client.Service != "kubelet" || client.Name != s.Name {
+				t.Errorf("CRI span %s [%s]: parent %+v; want kubelet's client span of the call", s.Name, s.Service, client)
 			}
 			if s.Name == "runtime.v1.RuntimeService/StartContainer" && s.Attrs["rpc.response.status_code"] == "NOT_FOUND" && !s.Failed {
 				notFound = true
@@ -121,7 +169,7 @@ func TestE2ETracing(t *testing.T) {
 				t.Errorf("shim span %s has no parent in the trace", s.Name)
 			}
 		default:
-			if _, ok := byID[s.ParentID]; !ok && s.ParentID != callerSpan {
+			if _, ok := byID[s.ParentID]; !ok {
 				t.Errorf("span %s [%s] has no parent in the trace", s.Name, s.Service)
 			}
 		}
