@@ -111,7 +111,9 @@ func New(ctx context.Context, cfg config.TracingConfig, relaySocket string, log 
 		_ = t.tp.Shutdown(context.Background())
 		return nil, err
 	}
-	go t.upload()
+	// The uploads outlive ctx (criserver's, cancelled at shutdown) on purpose: Close
+	// ends them once the last spans are flushed.
+	go t.upload(context.WithoutCancel(ctx))
 	target, _ := cfg.Target()
 	log.Info("tracing on", "endpoint", target.HostPort, "protocol", cfg.Protocol, "insecure", target.Insecure,
 		"sampling_ratio", cfg.SamplingRatio, "service_name", cfg.ServiceName)
@@ -329,10 +331,10 @@ func (t *Tracing) completeResource(r *tracepb.ResourceSpans) {
 }
 
 // upload sends the relayed batches until Close; it is the queue's only reader.
-func (t *Tracing) upload() {
+func (t *Tracing) upload(base context.Context) {
 	defer close(t.uploadDone)
 	for rs := range t.queue {
-		ctx, cancel := context.WithTimeout(context.Background(), uploadTimeout)
+		ctx, cancel := context.WithTimeout(base, uploadTimeout)
 		if err := t.client.UploadTraces(ctx, rs); err != nil {
 			t.log.Debug("tracing: export shim spans", "err", err, "spans", countSpans(rs))
 		}
