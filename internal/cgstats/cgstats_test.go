@@ -81,7 +81,13 @@ func TestReadV2(t *testing.T) {
 		{"memory.stat active_file", m.GetMemory().GetActiveFile(), 10 << 20},
 		{"memory.stat pgfault", m.GetMemory().GetPgfault(), 1000},
 		{"memory.stat pgmajfault", m.GetMemory().GetPgmajfault(), 7},
-		{"memory.swap.max", m.GetMemory().GetSwapLimit(), 0},
+		{"memory.swap.current", m.GetMemory().GetSwapUsage(), 8 << 20},
+		{"memory.swap.max", m.GetMemory().GetSwapLimit(), 64 << 20},
+		{"memory.pressure some total", m.GetMemory().GetPSI().GetSome().GetTotal(), 1500},
+		{"memory.pressure full total", m.GetMemory().GetPSI().GetFull().GetTotal(), 700},
+		{"cpu.pressure full total", m.GetCPU().GetPSI().GetFull().GetTotal(), 900},
+		{"io.pressure some total", m.GetIo().GetPSI().GetSome().GetTotal(), 3000},
+		{"io.pressure full total", m.GetIo().GetPSI().GetFull().GetTotal(), 2500},
 		{"memory.events max", m.GetMemoryEvents().GetMax(), 12},
 		{"memory.events oom", m.GetMemoryEvents().GetOom(), 2},
 		{"memory.events oom_kill", m.GetMemoryEvents().GetOomKill(), 1},
@@ -91,6 +97,12 @@ func TestReadV2(t *testing.T) {
 		if f.got != f.want {
 			t.Errorf("%s = %d, want %d", f.name, f.got, f.want)
 		}
+	}
+	if got := m.GetCPU().GetPSI().GetSome().GetAvg10(); got != 1.5 {
+		t.Errorf("cpu.pressure some avg10 = %v, want 1.5", got)
+	}
+	if got := m.GetIo().GetPSI().GetFull().GetAvg60(); got != 0.04 {
+		t.Errorf("io.pressure full avg60 = %v, want 0.04", got)
 	}
 	io := m.GetIo().GetUsage()
 	if len(io) != 2 || io[0].GetMajor() != 8 || io[0].GetMinor() != 0 || io[0].GetRbytes() != 1<<20 ||
@@ -131,6 +143,10 @@ func TestReadV2Unlimited(t *testing.T) {
 	m = readV2(t, c)
 	if m.GetCPU().GetUsageUsec() != 7 || m.GetMemory().GetUsage() != 0 || m.GetMemoryEvents() != nil {
 		t.Errorf("cgroup without memory files: %v", m)
+	}
+	// No *.pressure files (a kernel without CONFIG_PSI): no PSI rather than zeros.
+	if m.GetCPU().GetPSI() != nil || m.GetMemory().GetPSI() != nil || m.GetIo().GetPSI() != nil {
+		t.Errorf("cgroup without pressure files has PSI: %v", m)
 	}
 }
 

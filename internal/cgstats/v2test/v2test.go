@@ -90,9 +90,10 @@ func (n *Node) Read(dir, name string) string {
 }
 
 // Busy is a container cgroup's files as a v2 kernel shows them for a container with
-// a 256 MiB memory limit, half a CPU, a 1024 pids limit and some I/O, with the values
-// the tests check. Memory: 100 MiB charged, 30 MiB of it inactive file cache (working
-// set 70 MiB), one OOM kill.
+// a 256 MiB memory limit, 64 MiB of swap, half a CPU, a 1024 pids limit and some I/O,
+// with the values the tests check. Memory: 100 MiB charged, 30 MiB of it inactive file
+// cache (working set 70 MiB), 8 MiB swapped out, one OOM kill. CPU: 100 CFS periods, 5
+// of them throttled for 12.345 ms. PSI in cpu, memory and io.pressure.
 var Busy = map[string]string{
 	"memory.current": "104857600\n",
 	"memory.max":     "268435456\n",
@@ -102,14 +103,15 @@ var Busy = map[string]string{
 		"inactive_file 31457280\nactive_file 10485760\nunevictable 0\nslab_reclaimable 524288\n" +
 		"slab_unreclaimable 524288\npgfault 1000\npgmajfault 7\nworkingset_refault_anon 0\n",
 	"memory.events":       "low 0\nhigh 0\nmax 12\noom 2\noom_kill 1\noom_group_kill 0\n",
-	"memory.swap.current": "0\n",
-	"memory.swap.max":     "0\n",
+	"memory.swap.current": "8388608\n",
+	"memory.swap.max":     "67108864\n",
 	"memory.pressure":     "some avg10=0.00 avg60=0.00 avg300=0.00 total=1500\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=700\n",
 	"cpu.max":             "50000 100000\n",
 	"cpu.weight":          "39\n",
 	"cpu.stat": "usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\nnr_periods 100\n" +
 		"nr_throttled 5\nthrottled_usec 12345\nnr_bursts 0\nburst_usec 0\n",
 	"cpu.pressure":        "some avg10=1.50 avg60=0.50 avg300=0.10 total=2000\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=900\n",
+	"io.pressure":         "some avg10=0.25 avg60=0.05 avg300=0.01 total=3000\nfull avg10=0.20 avg60=0.04 avg300=0.01 total=2500\n",
 	"io.stat":             "8:0 rbytes=1048576 wbytes=4096 rios=10 wios=1 dbytes=0 dios=0\n253:1 rbytes=512 wbytes=0 rios=1 wios=0 dbytes=0 dios=0\n",
 	"pids.current":        "3\n",
 	"pids.max":            "1024\n",
