@@ -14,6 +14,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/cgroups"
+	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
@@ -21,6 +22,7 @@ import (
 	"github.com/crisp-runtime/crisp/internal/cgstats"
 	"github.com/crisp-runtime/crisp/internal/podfiles"
 	"github.com/crisp-runtime/crisp/internal/proc"
+	"github.com/crisp-runtime/crisp/internal/tracing"
 	"github.com/crisp-runtime/crisp/shim/pause"
 )
 
@@ -169,7 +171,10 @@ func (s *Service) CreateSandbox(ctx context.Context, req *sandboxapi.CreateSandb
 	// A systemd scope cannot exist without a process in it, so that driver creates
 	// the cgroup in StartSandbox together with the pause process.
 	if spec.cgroup.Driver == DriverCgroupfs {
-		if err := m.Apply(-1); err != nil {
+		_, span := tracing.Start(ctx, "shim.cgroup.create", attribute.String("crisp.cgroup", spec.cgroup.String()))
+		err := m.Apply(-1)
+		tracing.End(span, err)
+		if err != nil {
 			// Apply may have created the cgroup in some hierarchies before failing.
 			if derr := destroyCgroup(m, s.log); derr != nil {
 				s.log.Error("remove partly created pod cgroup", "error", derr)
@@ -251,14 +256,16 @@ func (s *Service) StartSandbox(ctx context.Context, req *sandboxapi.StartSandbox
 		s.log.Warn("oom_score_adj clamped to the shim's own", "requested", spec.oomScore, "applied", score)
 	}
 	cfg.OOMScoreAdj = &score
-	p, err = pause.Start(ctx, cfg)
+	pctx, span := tracing.Start(ctx, "shim.pause.start")
+	p, err = pause.Start(pctx, cfg)
 	if err != nil && cfg.SELinuxLabel != "" {
 		// In the pod's label the pause could not report ready (the policy refused it
 		// the shim's pipe): it starts again in the shim's domain.
 		s.log.Warn("the pause process cannot run with the pod's SELinux label; it keeps the shim's", "label", cfg.SELinuxLabel, "error", err)
 		cfg.SELinuxLabel = ""
-		p, err = pause.Start(ctx, cfg)
+		p, err = pause.Start(pctx, cfg)
 	}
+	tracing.End(span, err)
 	if err == nil && cfg.SELinuxLabel != "" {
 		if got := p.Label(); got != cfg.SELinuxLabel {
 			s.log.Warn("the pause process keeps the shim's SELinux domain: the policy refused it the pod's label (crisp's policy module allows the shim's domain that transition)", "label", cfg.SELinuxLabel, "running_as", got)
@@ -284,7 +291,11 @@ func (s *Service) StartSandbox(ctx context.Context, req *sandboxapi.StartSandbox
 	if err != nil {
 		return fail(errdefs.ErrInternal, "identify pause process: %v", err)
 	}
-	if err := sb.cg.Apply(pid); err != nil {
+	_, span = tracing.Start(ctx, "shim.cgroup.apply", attribute.String("crisp.cgroup", spec.cgroup.String()),
+		attribute.String("crisp.cgroup.driver", spec.cgroup.Driver))
+	err = sb.cg.Apply(pid)
+	tracing.End(span, err)
+	if err != nil {
 		return fail(errdefs.ErrInternal, "put pause process %d into cgroup %s: %v", pid, spec.cgroup, err)
 	}
 

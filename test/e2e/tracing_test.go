@@ -119,6 +119,7 @@ func TestE2ETracing(t *testing.T) {
 		"controller.shim.start", "cri.container.rootfs", "cri.container.spec",
 		"containerd.runtime.sandbox.v1.Sandbox/CreateSandbox", "containerd.runtime.sandbox.v1.Sandbox/StartSandbox",
 		"containerd.task.v3.Task/Create", "containerd.task.v3.Task/Start", "shim.helper", "shim.container.exit",
+		"shim.pause.start", "shim.cgroup.apply",
 	}
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
