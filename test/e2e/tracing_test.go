@@ -69,28 +69,58 @@ func TestE2ETracing(t *testing.T) {
 	e.appendConfig(fmt.Sprintf("[tracing]\nenable = true\nendpoint = %q\ninsecure = true\n", recv.GRPCAddr))
 	e.start()
 	ctx := ctxT(t)
+	podID, trace := tracedPodStart(ctx, t, e, recv, e.podConfig("traced"))
+	for _, s := range trace {
+		if s.Name == "shim.cgroup.apply" && s.Attrs["crisp.cgroup.driver"] != "cgroupfs" {
+			t.Errorf("shim.cgroup.apply attributes %v, want the cgroupfs driver", s.Attrs)
+		}
+	}
+	e.stopRemove(ctx, t, podID)
+
+	t.Run("off", func(t *testing.T) {
+		off := newEnv(t)
+		off.appendConfig(fmt.Sprintf("[tracing]\nenable = false\nendpoint = %q\ninsecure = true\n", recv.GRPCAddr))
+		off.start()
+		before := recv.Exports()
+		octx, offTrace, _ := callerTrace(ctx, t)
+		id := off.runPod(octx, off.podConfig("untraced"))
+		off.stopRemove(octx, t, id)
+		off.stop()
+		if n := len(recv.Trace(offTrace)); n != 0 || recv.Exports() != before {
+			t.Errorf("tracing off: %d spans of its trace, %d exports (before %d)", n, recv.Exports(), before)
+		}
+	})
+}
+
+// tracedPodStart pulls an image, runs pod cfg and a container that exits 3 with
+// kubelet's own CRI client (k8s.io/cri-client, instrumented with otelgrpc and given a
+// tracer provider as kubelet gives it) under a kubelet span, makes two failing calls,
+// and checks the trace recv gets: every CRI call a server span child of kubelet's
+// client span, the shim's spans in the same trace, each parented to the controller's
+// ttrpc client span, failed calls marked. It returns the pod and the trace.
+func tracedPodStart(ctx context.Context, t *testing.T, e *env, recv *otlptest.Receiver, cfg *cri.PodSandboxConfig) (podID string, trace []otlptest.Span) {
+	t.Helper()
 	host := imagetest.StartRegistry(t)
 	imagetest.Push(t, host, "busybox:e2e", imagetest.BusyboxImage(t, imagetest.OCI, imagetest.Gzip))
 	img := host + "/busybox:e2e"
 
 	tp := kubeletTracer(ctx, t, recv.GRPCAddr)
-	rt, err := criclient.NewRemoteRuntimeServiceBuilder().WithEndpoint("unix://"+e.socket).
+	rt, err := criclient.NewRemoteRuntimeServiceBuilder().WithEndpoint("unix://" + e.socket).
 		WithConnectionTimeout(time.Minute).WithTracerProvider(tp).Build(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	is, err := criclient.NewRemoteImageServiceBuilder().WithEndpoint("unix://"+e.socket).
+	is, err := criclient.NewRemoteImageServiceBuilder().WithEndpoint("unix://" + e.socket).
 		WithConnectionTimeout(time.Minute).WithTracerProvider(tp).Build(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tctx, root := tp.Tracer("kubelet").Start(ctx, "SyncPod")
 	traceID := root.SpanContext().TraceID().String()
-	cfg := e.podConfig("traced")
 	if _, err := is.PullImage(tctx, &cri.ImageSpec{Image: img}, nil, cfg); err != nil {
 		t.Fatal(err)
 	}
-	podID, err := rt.RunPodSandbox(tctx, cfg, "")
+	podID, err = rt.RunPodSandbox(tctx, cfg, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +167,7 @@ func TestE2ETracing(t *testing.T) {
 		}
 		return true
 	})
-	trace := recv.Trace(traceID)
+	trace = recv.Trace(traceID)
 	t.Logf("trace %s (%d spans):\n%s", traceID, len(trace), otlptest.Tree(trace))
 	if err != nil {
 		t.Fatalf("spans missing after 30 s (received %d in all): %v", len(spans), err)
@@ -181,19 +211,5 @@ func TestE2ETracing(t *testing.T) {
 	if !notFound || !failedPull {
 		t.Errorf("failed calls' spans: StartContainer NOT_FOUND found %v, PullImage failed UNAVAILABLE found %v", notFound, failedPull)
 	}
-	e.stopRemove(ctx, t, podID)
-
-	t.Run("off", func(t *testing.T) {
-		off := newEnv(t)
-		off.appendConfig(fmt.Sprintf("[tracing]\nenable = false\nendpoint = %q\ninsecure = true\n", recv.GRPCAddr))
-		off.start()
-		before := recv.Exports()
-		octx, offTrace, _ := callerTrace(ctx, t)
-		id := off.runPod(octx, off.podConfig("untraced"))
-		off.stopRemove(octx, t, id)
-		off.stop()
-		if n := len(recv.Trace(offTrace)); n != 0 || recv.Exports() != before {
-			t.Errorf("tracing off: %d spans of its trace, %d exports (before %d)", n, recv.Exports(), before)
-		}
-	})
+	return podID, trace
 }
