@@ -30,12 +30,14 @@ const (
 )
 
 // statsState is what stats keep between calls: the previous CPU sample of every
-// container and pod (usage_nano_cores is a rate between two samples) and the cached
-// writable-layer usage. The zero value is ready to use.
+// container and pod (usage_nano_cores is a rate between two samples), the cached
+// writable-layer usage and the names of block devices. The zero value is ready to use.
 type statsState struct {
 	mu  sync.Mutex
 	cpu map[string]cpuSample // by container id, or "pod/"+pod id
 	fs  map[string]fsUsage   // by container id
+	// devs names the block devices of IO and filesystem series.
+	devs blockDevices
 }
 
 type cpuSample struct {
@@ -51,7 +53,17 @@ type fsUsage struct {
 	at, expiresAt time.Time
 	mountpoint    string
 	bytes, inodes uint64
-	err           error
+	// device is the block device holding the writable layer ("/dev/vda1"), empty when
+	// it is on none (tmpfs, overlay); capacity is its filesystem's size and inodes
+	// (statfs), known only then: cAdvisor's fs limit and inode series are per device.
+	device   string
+	capacity *fsCapacity
+	err      error
+}
+
+// fsCapacity is a filesystem's size, from statfs(2).
+type fsCapacity struct {
+	limitBytes, inodesTotal, inodesFree uint64
 }
 
 // cpuRate returns usage_nano_cores for key at (at, usage), and whether there is one.
@@ -93,8 +105,8 @@ func (st *statsState) prune(live func(key string) bool) {
 func podKey(id string) string { return "pod/" + id }
 
 // writableLayer returns the container's writable-layer usage, walking it at most once
-// per fsUsageTTL.
-func (s *Service) writableLayer(id string, now time.Time) (*runtime.FilesystemUsage, error) {
+// per fsUsageTTL, and the figures behind it.
+func (s *Service) writableLayer(id string, now time.Time) (*runtime.FilesystemUsage, *fsUsage, error) {
 	st := &s.stats
 	st.mu.Lock()
 	u, ok := st.fs[id]
@@ -104,6 +116,7 @@ func (s *Service) writableLayer(id string, now time.Time) (*runtime.FilesystemUs
 		u = fsUsage{at: time.Now(), mountpoint: mp, err: err}
 		if err == nil {
 			u.bytes, u.inodes = uint64(b), uint64(n)
+			u.device, u.capacity = st.devs.filesystem(mp)
 		}
 		u.expiresAt = u.at.Add(fsUsageTTL)
 		st.mu.Lock()
@@ -114,14 +127,14 @@ func (s *Service) writableLayer(id string, now time.Time) (*runtime.FilesystemUs
 		st.mu.Unlock()
 	}
 	if u.err != nil {
-		return nil, u.err
+		return nil, nil, u.err
 	}
 	return &runtime.FilesystemUsage{
 		Timestamp:  u.at.UnixNano(),
 		FsId:       &runtime.FilesystemIdentifier{Mountpoint: u.mountpoint},
 		UsedBytes:  &runtime.UInt64Value{Value: u.bytes},
 		InodesUsed: &runtime.UInt64Value{Value: u.inodes},
-	}, nil
+	}, &u, nil
 }
 
 // cpuUsage is the CRI CpuUsage of m, with the rate against key's previous sample.
@@ -132,6 +145,48 @@ func (s *Service) cpuUsage(key string, m *controller.Metrics) *runtime.CpuUsage 
 	}
 	if rate, ok := s.stats.cpuRate(key, m.Timestamp, m.CPUUsageNanos); ok {
 		u.UsageNanoCores = &runtime.UInt64Value{Value: rate}
+	}
+	u.Psi = psiStats(m.CPUPressure)
+	return u
+}
+
+// psiStats is the CRI form of a cgroup's PSI; nil (the field left out) where the host
+// has none: cgroup v1, a kernel without PSI.
+func psiStats(p *controller.Pressure) *runtime.PsiStats {
+	if p == nil {
+		return nil
+	}
+	conv := func(d *controller.PressureData) *runtime.PsiData {
+		if d == nil {
+			return nil
+		}
+		return &runtime.PsiData{Total: d.TotalNanos, Avg10: d.Avg10, Avg60: d.Avg60, Avg300: d.Avg300}
+	}
+	return &runtime.PsiStats{Some: conv(p.Some), Full: conv(p.Full)}
+}
+
+// ioUsage is the CRI IoUsage of m: the CRI carries only IO PSI (the bytes and
+// operations per device go to the metrics RPCs), so without PSI there is nothing.
+func ioUsage(m *controller.Metrics) *runtime.IoUsage {
+	if m.IOPressure == nil {
+		return nil
+	}
+	return &runtime.IoUsage{Timestamp: m.Timestamp.UnixNano(), Psi: psiStats(m.IOPressure)}
+}
+
+// swapUsage is the CRI SwapUsage of m; nil without swap accounting. Available is left
+// out when the swap is unlimited, as available_bytes is for memory.
+func swapUsage(m *controller.Metrics) *runtime.SwapUsage {
+	if m.Swap == nil {
+		return nil
+	}
+	u := &runtime.SwapUsage{Timestamp: m.Timestamp.UnixNano(), SwapUsageBytes: &runtime.UInt64Value{Value: m.Swap.Usage}}
+	if m.Swap.Limit > 0 {
+		avail := uint64(0)
+		if m.Swap.Limit > m.Swap.Usage {
+			avail = m.Swap.Limit - m.Swap.Usage
+		}
+		u.SwapAvailableBytes = &runtime.UInt64Value{Value: avail}
 	}
 	return u
 }
@@ -150,6 +205,7 @@ func memoryUsage(m *controller.Metrics) *runtime.MemoryUsage {
 	if m.MemoryLimit > 0 {
 		u.AvailableBytes = &runtime.UInt64Value{Value: m.AvailableBytes}
 	}
+	u.Psi = psiStats(m.MemoryPressure)
 	return u
 }
 
@@ -247,9 +303,16 @@ func (s *Service) containerStats(ctx context.Context, c *container) *runtime.Con
 	return st
 }
 
-// containerStatsMetrics is containerStats plus the metrics it was built from (nil when
-// the container uses nothing or its shim could not answer).
-func (s *Service) containerStatsMetrics(ctx context.Context, c *container) (*runtime.ContainerStats, *controller.Metrics) {
+// containerRaw is what a running container's stats were built from, for the metrics
+// RPCs.
+type containerRaw struct {
+	m  *controller.Metrics
+	fs *fsUsage // nil when the writable layer's usage is unknown
+}
+
+// containerStatsMetrics is containerStats plus what it was built from (nil when the
+// container uses nothing or its shim could not answer).
+func (s *Service) containerStatsMetrics(ctx context.Context, c *container) (*runtime.ContainerStats, *containerRaw) {
 	rec := c.snapshot()
 	st := &runtime.ContainerStats{Attributes: &runtime.ContainerAttributes{
 		Id: rec.ID, Metadata: c.config.GetMetadata(),
@@ -270,12 +333,15 @@ func (s *Service) containerStatsMetrics(ctx context.Context, c *container) (*run
 	}
 	st.Cpu = s.cpuUsage(rec.ID, m)
 	st.Memory = memoryUsage(m)
-	if fsu, err := s.writableLayer(rec.ID, time.Now()); err != nil {
+	st.Swap = swapUsage(m)
+	st.Io = ioUsage(m)
+	raw := &containerRaw{m: m}
+	if fsu, u, err := s.writableLayer(rec.ID, time.Now()); err != nil {
 		s.log.Debug("container stats: writable layer usage unavailable", "container", rec.ID, "err", err)
 	} else {
-		st.WritableLayer = fsu
+		st.WritableLayer, raw.fs = fsu, u
 	}
-	return st, m
+	return st, raw
 }
 
 // pruneStats drops the samples of removed containers and pods.
@@ -362,7 +428,11 @@ func (s *Service) listPodSandboxStats(ctx context.Context, f *runtime.PodSandbox
 type podStats struct {
 	pod        *controller.Metrics // nil when the shim could not answer
 	network    []netIface
-	containers map[string]*controller.Metrics // by container id, running ones only
+	containers map[string]*containerRaw // by container id, running ones only
+	// labels are the cAdvisor label values of the pod's series and, by container id,
+	// of its containers' (see metricLabels).
+	labels     metricLabels
+	ctrsLabels map[string]metricLabels
 }
 
 // podSandboxStats builds a pod's stats. Each part the pod cannot give (shim gone,
@@ -377,12 +447,18 @@ func (s *Service) podSandboxStats(ctx context.Context, p *pod) (*runtime.PodSand
 		},
 		Linux: &runtime.LinuxPodSandboxStats{},
 	}
-	raw := &podStats{containers: map[string]*controller.Metrics{}}
+	raw := &podStats{
+		containers: map[string]*containerRaw{},
+		labels:     s.podLabels(p),
+		ctrsLabels: map[string]metricLabels{},
+	}
 	for _, c := range s.containersOf(id) {
-		cs, m := s.containerStatsMetrics(ctx, c)
+		cs, cr := s.containerStatsMetrics(ctx, c)
 		out.Linux.Containers = append(out.Linux.Containers, cs)
-		if m != nil {
-			raw.containers[cs.GetAttributes().GetId()] = m
+		if cr != nil {
+			cid := cs.GetAttributes().GetId()
+			raw.containers[cid] = cr
+			raw.ctrsLabels[cid] = s.containerLabels(p, c, cid)
 		}
 	}
 	sort.Slice(out.Linux.Containers, func(i, j int) bool {
@@ -401,13 +477,14 @@ func (s *Service) podSandboxStats(ctx context.Context, p *pod) (*runtime.PodSand
 		if p.config.GetLinux().GetCgroupParent() == "" {
 			// The default parent is shared by every pod: the shim reported the pause's
 			// own cgroup, and the pod is that plus its containers' (siblings of it).
-			for _, m := range raw.containers {
-				podM.Add(m)
+			for _, cr := range raw.containers {
+				podM.Add(cr.m)
 			}
 		}
 		raw.pod = podM
 		out.Linux.Cpu = s.cpuUsage(podKey(id), podM)
 		out.Linux.Memory = memoryUsage(podM)
+		out.Linux.Io = ioUsage(podM)
 		out.Linux.Process = &runtime.ProcessUsage{
 			Timestamp:    podM.Timestamp.UnixNano(),
 			ProcessCount: &runtime.UInt64Value{Value: podM.Pids},
