@@ -16,6 +16,8 @@ import (
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/crisp-runtime/crisp/internal/tracing"
 )
 
 // DefaultTimeout bounds one CNI operation (the ADD or the DEL of a pod's network list)
@@ -99,8 +101,20 @@ type pluginExec struct {
 
 var _ invoke.Exec = (*pluginExec)(nil)
 
-// ExecPlugin runs one plugin with stdin and environ and returns its stdout.
+// ExecPlugin runs one plugin with stdin and environ and returns its stdout, in a span
+// of its own: libcni calls it once per plugin of the list, with the context of the
+// operation's span.
 func (e *pluginExec) ExecPlugin(ctx context.Context, pluginPath string, stdinData []byte, environ []string) ([]byte, error) {
+	ctx, span := tracing.Start(ctx, spanPlugin)
+	out, err := e.execPlugin(ctx, pluginPath, stdinData, environ)
+	if span.IsRecording() {
+		setPluginAttrs(span, pluginPath, environ, out, err)
+	}
+	tracing.End(span, err)
+	return out, err
+}
+
+func (e *pluginExec) execPlugin(ctx context.Context, pluginPath string, stdinData []byte, environ []string) ([]byte, error) {
 	var stdout, stderr bytes.Buffer
 	var err error
 	// A plugin binary being replaced is briefly busy; libcni retries that too.

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+
+	"github.com/crisp-runtime/crisp/internal/tracing"
 )
 
 // A plugin killed half-way (the CNI timeout, a caller that gave up, recovery ending a
@@ -95,7 +97,12 @@ func (m *Manager) storesOf(id string) []string {
 // Failures are logged: this only frees what is otherwise lost.
 func (m *Manager) releaseUnowned(ctx context.Context, dirs []string) {
 	for _, dir := range dirs {
+		_, span := tracing.Start(ctx, spanIPAMFree)
 		freed, err := m.releaseUnownedIn(ctx, dir)
+		if span.IsRecording() {
+			span.SetAttributes(attrStore.String(dir), attrReleased.Int(len(freed)))
+		}
+		tracing.End(span, err)
 		if err != nil {
 			m.log.Warn("release host-local reservations without an owner", "dir", dir, "err", err)
 		}

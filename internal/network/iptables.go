@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/crisp-runtime/crisp/internal/tracing"
 )
 
 // The rules of the runtime masquerade (see MasqueradeRuntime), in the nat table of
@@ -191,6 +193,18 @@ func (f iptablesFamily) reconcile(ctx context.Context, owner string, want []*net
 	return nil
 }
 
+// reconcileTraced is reconcile in a span of its own: each family's rules take a few
+// iptables runs.
+func (f iptablesFamily) reconcileTraced(ctx context.Context, owner string, want []*net.IPNet) error {
+	ctx, span := tracing.Start(ctx, spanMasqFamily)
+	if span.IsRecording() {
+		span.SetAttributes(attrBinary.String(f.bin), attrSubnets.String(joinCIDRs(want)))
+	}
+	err := f.reconcile(ctx, owner, want)
+	tracing.End(span, err)
+	return err
+}
+
 // masqRuleLine is one of an owner's rules as listed: its number, as -D takes it, and
 // its subnet.
 type masqRuleLine struct {
@@ -308,11 +322,17 @@ func (m *Manager) syncMasq(ctx context.Context, want []*net.IPNet) error {
 	return m.syncMasqLocked(ctx, want, true)
 }
 
-func (m *Manager) syncMasqLocked(ctx context.Context, want []*net.IPNet, force bool) error {
+func (m *Manager) syncMasqLocked(ctx context.Context, want []*net.IPNet, force bool) (err error) {
 	ms := &m.masq
 	key := joinCIDRs(want)
 	if !force && ms.synced && ms.key == key && time.Since(ms.at) < masqRecheck {
 		return nil
+	}
+	// A span only past the check above: most pods trust the installed rules.
+	ctx, span := tracing.Start(ctx, spanMasq)
+	defer tracing.Finish(span, &err)
+	if span.IsRecording() {
+		span.SetAttributes(attrSubnets.String(key))
 	}
 	all := slices.Clone(want)
 	for s := range ms.inflight {
@@ -327,9 +347,9 @@ func (m *Manager) syncMasqLocked(ctx context.Context, want []*net.IPNet, force b
 	}
 	// Pods set up with runtime masquerade keep their rule until they are torn down,
 	// whatever the config says now (libcni caches the list they were set up with).
-	atts, err := m.cni.GetCachedAttachments("")
-	if err != nil {
-		m.log.Warn("read CNI result cache for the masquerade rules pods rely on", "err", err)
+	atts, cerr := m.cni.GetCachedAttachments("")
+	if cerr != nil {
+		m.log.Warn("read CNI result cache for the masquerade rules pods rely on", "err", cerr)
 	}
 	for _, a := range atts {
 		all = append(all, cachedMasqSubnets(a.Config)...)
@@ -341,7 +361,7 @@ func (m *Manager) syncMasqLocked(ctx context.Context, want []*net.IPNet, force b
 		if len(fam) == 0 && ms.synced && !ms.present[i] {
 			continue
 		}
-		if err := f.reconcile(ctx, ms.owner, fam); err != nil {
+		if err := f.reconcileTraced(ctx, ms.owner, fam); err != nil {
 			if needed := ofFamily(want, f.v6); len(needed) > 0 {
 				errs = append(errs, &MasqueradeError{Subnets: needed, Err: err})
 			} else {

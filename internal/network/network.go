@@ -20,6 +20,7 @@ import (
 
 	"github.com/crisp-runtime/crisp/internal/metrics"
 	"github.com/crisp-runtime/crisp/internal/network/netns"
+	"github.com/crisp-runtime/crisp/internal/tracing"
 )
 
 // ifName is the pod's interface, as in every Kubernetes runtime.
@@ -253,7 +254,12 @@ func (m *Manager) Ready() error {
 // its plugins are not killed half-way for nothing. If the ADD fails, whatever the
 // plugins did is undone (DEL) before the error is returned, or, should the DEL fail
 // too, left to the background retrier.
-func (m *Manager) Setup(ctx context.Context, p Pod) (*Result, error) {
+//
+// The ADD is span cni.add of ctx's trace, with a cni.plugin child per plugin run.
+func (m *Manager) Setup(ctx context.Context, p Pod) (res *Result, err error) {
+	ctx, span := tracing.Start(ctx, spanAdd)
+	defer tracing.Finish(span, &err)
+	setPodAttrs(span, p)
 	if p.ID == "" || p.NetNS == "" {
 		return nil, fmt.Errorf("set up network for pod %q: pod ID and netns path are required", p.ID)
 	}
@@ -262,6 +268,9 @@ func (m *Manager) Setup(ctx context.Context, p Pod) (*Result, error) {
 		return nil, fmt.Errorf("set up network for pod %s (%s/%s): %w", p.ID, p.Namespace, p.Name, err)
 	}
 	list := plan.list
+	if span.IsRecording() {
+		span.SetAttributes(attrNetwork.String(list.Name), attrPlugins.Int(len(list.Plugins)))
+	}
 	// The check of the masquerade rules (now and then an iptables call) counts as part
 	// of the ADD: it is what the plugin's ipMasq cost before.
 	start := time.Now()
@@ -279,7 +288,6 @@ func (m *Manager) Setup(ctx context.Context, p Pod) (*Result, error) {
 	actx, cancel := withCallerGrace(ctx, m.cfg.Timeout, m.cfg.CancelGrace)
 	raw, err := m.cni.AddNetworkList(actx, list, rt)
 	cancel()
-	var res *Result
 	if err == nil {
 		res, err = parseResult(raw)
 	}
@@ -300,6 +308,9 @@ func (m *Manager) Setup(ctx context.Context, p Pod) (*Result, error) {
 			return nil, fmt.Errorf("%w (undoing it also failed, retried in the background: %v)", err, derr)
 		}
 		return nil, err
+	}
+	if span.IsRecording() {
+		span.SetAttributes(attrPodIP.String(res.IP.String()))
 	}
 	m.log.Debug("pod network set up", "pod", p.ID, "network", list.Name, "ip", res.IP, "took", time.Since(start))
 	return res, nil
@@ -410,13 +421,18 @@ func (m *Manager) delAttachment(ctx context.Context, list *libcni.NetworkConfigL
 	if len(addrs) == 0 {
 		return m.del(ctx, list, rt)
 	}
+	sctx, span := tracing.Start(ctx, spanStandIn)
+	if span.IsRecording() {
+		span.SetAttributes(attrAddrs.Int(len(addrs)))
+	}
 	var delErr error
 	err := withStandIn(rt.IfName, addrs, func(nsPath string) error {
 		withNS := *rt
 		withNS.NetNS = nsPath
-		delErr = m.del(ctx, list, &withNS)
+		delErr = m.del(sctx, list, &withNS)
 		return nil
 	})
+	tracing.End(span, err)
 	if err != nil {
 		m.log.Warn("no stand-in namespace for DEL, NAT rules of the pod may be left", "pod", rt.ContainerID, "err", err)
 		return m.del(ctx, list, rt)
@@ -430,8 +446,12 @@ func (m *Manager) delAttachment(ctx context.Context, list *libcni.NetworkConfigL
 // Each of those calls has the configured timeout; a plugin that was killed at it is
 // not called again (it would only hang again), so a DEL with one hanging plugin takes
 // one timeout, not two.
-func (m *Manager) del(ctx context.Context, list *libcni.NetworkConfigList, rt *libcni.RuntimeConf) error {
-	err := m.delList(ctx, m.cni, list, rt)
+//
+// The DEL is span cni.del of ctx's trace, the plugin-by-plugin retry included.
+func (m *Manager) del(ctx context.Context, list *libcni.NetworkConfigList, rt *libcni.RuntimeConf) (err error) {
+	ctx, span := startOp(ctx, spanDel, list, rt)
+	defer tracing.Finish(span, &err)
+	err = m.delList(ctx, m.cni, list, rt)
 	if err == nil {
 		return nil
 	}
@@ -439,6 +459,7 @@ func (m *Manager) del(ctx context.Context, list *libcni.NetworkConfigList, rt *l
 		return err // the caller gave up: no point in going on
 	}
 	m.log.Warn("CNI DEL failed, retrying plugin by plugin", "pod", rt.ContainerID, "network", list.Name, "err", err)
+	span.AddEvent("retrying plugin by plugin")
 	var errs []error
 	hung := timedOutPlugin(err)
 	if hung != "" {
