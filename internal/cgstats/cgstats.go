@@ -16,10 +16,12 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	cgroups "github.com/containerd/cgroups/v3"
 	"github.com/containerd/cgroups/v3/cgroup1"
+	cg1stats "github.com/containerd/cgroups/v3/cgroup1/stats"
 	"github.com/containerd/cgroups/v3/cgroup2"
 	"github.com/opencontainers/cgroups/systemd"
 	"google.golang.org/protobuf/proto"
@@ -156,9 +158,78 @@ func (c *Cgroup) Read() (*anypb.Any, error) {
 		if err != nil {
 			return nil, fmt.Errorf("read cgroup %s: %w", c.rel, gone(err))
 		}
+		if err := c.v1BlkioRecursive(st); err != nil {
+			return nil, fmt.Errorf("read cgroup %s: %w", c.rel, gone(err))
+		}
 		m = st
 	}
 	return Pack(m)
+}
+
+// v1BlkioRecursive replaces the blkio figures the cgroups library read from the
+// throttle files of the cgroup itself (its fallback when the kernel keeps no CFQ
+// statistics, which is every kernel since CFQ was removed in 5.0) with their
+// _recursive variants, which count the cgroup's descendants too: a pod's cgroup
+// holds no task itself, so without them its IO would read as zero. The CFQ
+// figures, where a kernel has them, are recursive already and are kept.
+func (c *Cgroup) v1BlkioRecursive(st *cg1stats.Metrics) error {
+	var dir string
+	for _, s := range c.v1.Subsystems() {
+		if p, ok := s.(interface{ Path(string) string }); ok && s.Name() == cgroup1.Blkio {
+			dir = p.Path(c.rel)
+		}
+	}
+	if dir == "" || st.GetBlkio() == nil {
+		return nil
+	}
+	if _, err := os.Stat(filepath.Join(dir, "blkio.io_serviced_recursive")); err == nil {
+		return nil
+	}
+	bytes, err := readBlkio(filepath.Join(dir, "blkio.throttle.io_service_bytes_recursive"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil // a kernel before 4.13
+	}
+	if err != nil {
+		return err
+	}
+	ops, err := readBlkio(filepath.Join(dir, "blkio.throttle.io_serviced_recursive"))
+	if err != nil {
+		return err
+	}
+	// Device names are the reader's to find (cgroup v2 names none either).
+	st.Blkio.IoServiceBytesRecursive, st.Blkio.IoServicedRecursive = bytes, ops
+	return nil
+}
+
+// readBlkio parses a blkio statistics file: "MAJ:MIN Op value" lines and a "Total
+// value" line, which is left out.
+func readBlkio(path string) ([]*cg1stats.BlkIOEntry, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var out []*cg1stats.BlkIOEntry
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 3 {
+			continue // "Total n", the empty last line
+		}
+		maj, minor, ok := strings.Cut(f[0], ":")
+		if !ok {
+			return nil, fmt.Errorf("%s: bad line %q", path, line)
+		}
+		var e cg1stats.BlkIOEntry
+		var err1, err2, err3 error
+		e.Major, err1 = strconv.ParseUint(maj, 10, 64)
+		e.Minor, err2 = strconv.ParseUint(minor, 10, 64)
+		e.Value, err3 = strconv.ParseUint(f[2], 10, 64)
+		if err := errors.Join(err1, err2, err3); err != nil {
+			return nil, fmt.Errorf("%s: bad line %q: %w", path, line, err)
+		}
+		e.Op = f[1]
+		out = append(out, &e)
+	}
+	return out, nil
 }
 
 // gone marks the errors of a cgroup removed under the reader (the container was deleted

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	cg1 "github.com/containerd/cgroups/v3/cgroup1/stats"
 	cg2 "github.com/containerd/cgroups/v3/cgroup2/stats"
 	"github.com/opencontainers/cgroups"
 	"github.com/opencontainers/cgroups/fs2"
@@ -328,5 +329,73 @@ func TestLoadV2RealKernel(t *testing.T) {
 	}
 	if _, err := LoadV2(mnt, rel); !errors.Is(err, ErrGone) {
 		t.Errorf("load after rmdir: %v, want ErrGone", err)
+	}
+}
+
+// TestV1BlkioRecursiveRealKernel writes 8 MiB with O_DIRECT from a process in a child
+// blkio cgroup and reads the parent with Load and Read, as the shim reads a pod's
+// cgroup_parent: the bytes show on the parent (the _recursive throttle files), on the
+// device of the file written. Linux (since 6.10) keeps cgroup v1 blkio statistics of
+// a device only once some cgroup has had a throttle rule on it, so the test sets a
+// rule no write reaches on the child first, and removes it. Needs root and the v1
+// blkio hierarchy; skipped otherwise.
+func TestV1BlkioRecursiveRealKernel(t *testing.T) {
+	const blkio = "/sys/fs/cgroup/blkio"
+	testutil.RequiresRoot(t, "creates cgroups under "+blkio)
+	if _, err := os.Stat(blkio + "/blkio.throttle.io_service_bytes_recursive"); err != nil {
+		t.Skip("needs the cgroup v1 blkio hierarchy with recursive throttle files")
+	}
+	scratch := t.TempDir()
+	var st unix.Stat_t
+	if err := unix.Stat(scratch, &st); err != nil {
+		t.Fatal(err)
+	}
+	dev := strconv.FormatUint(uint64(unix.Major(st.Dev)), 10) + ":" + strconv.FormatUint(uint64(unix.Minor(st.Dev)), 10)
+	if _, err := os.Stat("/sys/dev/block/" + dev); err != nil {
+		t.Skipf("%s is on no block device (%s)", scratch, dev)
+	}
+	parent := "/crisp-cgstats-blkio-" + strconv.Itoa(os.Getpid())
+	child := parent + "/ctr"
+	if err := os.MkdirAll(blkio+child, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = os.WriteFile(blkio+child+"/blkio.throttle.write_bps_device", []byte(dev+" 0"), 0)
+		_ = os.Remove(blkio + child)
+		_ = os.Remove(blkio + parent)
+	}()
+	if err := os.WriteFile(blkio+child+"/blkio.throttle.write_bps_device", []byte(dev+" 1099511627776"), 0); err != nil {
+		t.Fatal(err)
+	}
+	dd := exec.Command("sh", "-c", `echo $$ > `+blkio+child+`/cgroup.procs && exec busybox dd if=/dev/zero of=`+scratch+`/f bs=1M count=8 oflag=direct`)
+	if out, err := dd.CombinedOutput(); err != nil {
+		t.Fatalf("dd: %v: %s", err, out)
+	}
+	c, err := Load(parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := c.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m cg1.Metrics
+	if err := proto.Unmarshal(a.GetValue(), &m); err != nil {
+		t.Fatal(err)
+	}
+	var written, writes uint64
+	for _, e := range m.GetBlkio().GetIoServiceBytesRecursive() {
+		if e.GetOp() == "Write" && strconv.FormatUint(e.GetMajor(), 10)+":"+strconv.FormatUint(e.GetMinor(), 10) == dev {
+			written = e.GetValue()
+		}
+	}
+	for _, e := range m.GetBlkio().GetIoServicedRecursive() {
+		if e.GetOp() == "Write" && strconv.FormatUint(e.GetMajor(), 10)+":"+strconv.FormatUint(e.GetMinor(), 10) == dev {
+			writes = e.GetValue()
+		}
+	}
+	t.Logf("parent %s on %s: %d bytes in %d writes", parent, dev, written, writes)
+	if written < 8<<20 || written > 9<<20 || writes == 0 {
+		t.Errorf("parent cgroup wrote %d bytes in %d operations on %s, want the child's 8 MiB", written, writes, dev)
 	}
 }
