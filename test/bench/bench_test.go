@@ -27,7 +27,7 @@ var (
 	resultsDir = flag.String("results", "results", "directory the JSON report is written to")
 	cycles     = flag.Int("cycles", 50, "sequential pod cycles timed per runtime")
 	churnFor   = flag.Duration("churn", 60*time.Second, "how long the 10-client churn runs per runtime")
-	only       = flag.String("only", "", "run one runtime only (crisp or containerd; without the pull part then), or only the NRI comparison (nri) or the pull benchmark (pull)")
+	only       = flag.String("only", "", "run one runtime only (crisp or containerd; without the pull part then), or only the NRI comparison (nri), the tracing comparison (tracing) or the pull benchmark (pull)")
 	hold       = flag.Duration("hold", 0, "keep the 20 memory pods this long after measuring them (to profile them by hand)")
 	metricsOn  = flag.Bool("crisp-metrics", true, "serve crisp's Prometheus metrics on a loopback port, for the pod start breakdown (-crisp-metrics=false measures crisp without)")
 	base       = flag.Bool("base", true, "run the base measurements: sequential cycles, churn, 20 pods' memory, exec, lists at 100 pods (-base=false for quick density or soak runs)")
@@ -40,6 +40,8 @@ var (
 	soakCycles = flag.Int("soak-cycles", 1000, "pod cycles of the soak (daemon memory after -soak-first vs after these)")
 	taskShim   = flag.String("task-shim", "/var/cache/crisp/containerd-v2.4.2/bin", "directory with containerd-shim-runc-v2 and runc: crisp runs -cycles pods on it as a task-only runtime handler, interleaved with its own shim's (empty: skip)")
 	nriCost    = flag.Bool("nri", true, "compare crisp with NRI disabled, enabled with no plugin and enabled with one no-op plugin: three crisps, -cycles pod cycles each, interleaved (~25 s at 50)")
+	tracingOn  = flag.Bool("tracing", true, "compare crisp with tracing off and on (every call traced, exported to an OTLP receiver in the bench), and with -base-bin's crisp: -cycles pod cycles each, interleaved, then 10 pods each for the shims' memory (~40 s at 50)")
+	baseBin    = flag.String("base-bin", "", "directory with criserver and shim-runc built before tracing (commit fb5f5ee), the tracing comparison's base (empty: no base)")
 	instance   = flag.Int("instance", 0, "0-7: runs with different instances use their own root, lock, bridges, subnets and cgroup parents, so they can run at once")
 )
 
@@ -79,11 +81,12 @@ func TestBench(t *testing.T) {
 		t.Fatal("-instance must be 0-7")
 	}
 	switch *only {
-	case "", "crisp", "containerd", "nri", "pull":
+	case "", "crisp", "containerd", "nri", "tracing", "pull":
 	default:
-		t.Fatalf("-only %q: want crisp, containerd, nri or pull", *only)
+		t.Fatalf("-only %q: want crisp, containerd, nri, tracing or pull", *only)
 	}
-	runNRI := *nriCost || *only == "nri"
+	runNRI := (*nriCost && (*only == "" || *only == "crisp")) || *only == "nri"
+	runTracing := (*tracingOn && (*only == "" || *only == "crisp")) || *only == "tracing"
 	benchRoot := benchRoot(*instance)
 	// One run of an instance at a time: its runs share benchRoot, the bridges, the
 	// subnets and the cgroup parents, and each removes what it finds there.
@@ -118,7 +121,7 @@ func TestBench(t *testing.T) {
 	var big []string
 	for i := range 6 {
 		big = append(big, fmt.Sprintf("%s/big%d:bench", host, i))
-		if *only != "nri" && *only != "pull" {
+		if *only != "nri" && *only != "tracing" && *only != "pull" {
 			imagetest.Push(t, host, fmt.Sprintf("big%d:bench", i), bigImage(t, uint64(i)))
 		}
 	}
@@ -167,7 +170,7 @@ func TestBench(t *testing.T) {
 		}
 	}
 
-	if runNRI && *only != "containerd" && *only != "pull" && ctx.Err() == nil {
+	if runNRI && ctx.Err() == nil {
 		res := rep.Runtimes["crisp"]
 		if res == nil {
 			res = Results{}
@@ -182,6 +185,21 @@ func TestBench(t *testing.T) {
 		}
 		if err != nil {
 			t.Errorf("NRI comparison: %v", err)
+		}
+	}
+
+	if runTracing && ctx.Err() == nil {
+		res := rep.Runtimes["crisp"]
+		if res == nil {
+			res = Results{}
+		}
+		tmpl := Spec{Registry: host, PauseImage: pause, Bin: *binDir, Metrics: *metricsOn}
+		err := runTracingCost(ctx, t, benchRoot, tmpl, busybox, res, rep.Versions)
+		if len(res) > 0 {
+			rep.Runtimes["crisp"] = res
+		}
+		if err != nil {
+			t.Errorf("tracing comparison: %v", err)
 		}
 	}
 

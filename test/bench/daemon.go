@@ -69,6 +69,9 @@ type Spec struct {
 	// NRI turns crisp's NRI on, its socket and (empty) plugin directories under Dir:
 	// never the machine's /var/run/nri or /opt/nri/plugins.
 	NRI bool
+	// TracingEndpoint, when set, turns crisp's tracing on with every call of a sampled
+	// trace exported over OTLP/gRPC, in plain text, to this host:port.
+	TracingEndpoint string
 	// Containerd2 is the directory of containerd 2.x's binaries (containerd,
 	// containerd-shim-runc-v2, runc) for StartContainerd2.
 	Containerd2 string
@@ -294,6 +297,9 @@ namespace = "k8s.io"
 		d.NRISocket = filepath.Join(s.Dir, "nri.sock")
 		cfg += fmt.Sprintf("[nri]\ndisable = false\nsocket_path = %q\nplugin_path = %q\nplugin_config_path = %q\n",
 			d.NRISocket, filepath.Join(s.Dir, "nri-plugins"), filepath.Join(s.Dir, "nri-conf"))
+	}
+	if s.TracingEndpoint != "" {
+		cfg += fmt.Sprintf("[tracing]\nenable = true\nendpoint = %q\nprotocol = \"grpc\"\ninsecure = true\nsampling_ratio = 1.0\n", s.TracingEndpoint)
 	}
 	path := filepath.Join(s.Dir, "config.toml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {

@@ -23,8 +23,9 @@ var NRIVariants = []struct{ Key, Name string }{
 	{"noop", "NRI enabled, one no-op plugin"},
 }
 
-// nriFigures are the figures of each variant, by key and name.
-var nriFigures = []struct {
+// cycleFigures are the figures of each variant of an interleaved comparison (NRI's,
+// tracing's), by key and name.
+var cycleFigures = []struct {
 	Key, Name string
 	Of        func([]CycleTimes) time.Duration
 }{
@@ -63,7 +64,7 @@ func NRIResults(res Results, runs [][]CycleTimes) error {
 	res["nri_cycles"] = float64(len(runs[0]))
 	// A fixed seed: the same cycles give the same report.
 	rng := rand.New(rand.NewPCG(24, 24))
-	for _, f := range nriFigures {
+	for _, f := range cycleFigures {
 		for i, v := range NRIVariants {
 			res.Ms("nri_"+v.Key+"_"+f.Key, f.Of(runs[i]))
 			if i > 0 {
@@ -106,13 +107,13 @@ func WriteNRITable(w io.Writer, res Results) error {
 	fmt.Fprintf(w, "NRI cost: crisp three ways, %.0f pod cycles each, interleaved (ms; Δ against NRI disabled, with its 95 %% bootstrap interval)\n", n)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprint(tw, "\t")
-	for _, f := range nriFigures {
+	for _, f := range cycleFigures {
 		fmt.Fprintf(tw, "%s\tΔ\t95%% interval\t", f.Name)
 	}
 	fmt.Fprintln(tw)
 	for i, v := range NRIVariants {
 		fmt.Fprintf(tw, "%s\t", v.Name)
-		for _, f := range nriFigures {
+		for _, f := range cycleFigures {
 			key := "nri_" + v.Key + "_" + f.Key
 			delta, interval := "-", "-"
 			if i > 0 {
@@ -124,7 +125,7 @@ func WriteNRITable(w io.Writer, res Results) error {
 		fmt.Fprintln(tw)
 	}
 	fmt.Fprint(tw, "noise: disabled, even vs odd rounds\t")
-	for _, f := range nriFigures {
+	for _, f := range cycleFigures {
 		fmt.Fprintf(tw, "\t±%s\t\t", num(res, "nri_noise_"+f.Key, "ms"))
 	}
 	fmt.Fprintln(tw)

@@ -220,6 +220,12 @@ func (r *Report) WriteTable(w io.Writer) error {
 			return err
 		}
 	}
+	if res, ok := r.Runtimes["crisp"]; ok && res["tracing_cycles"] > 0 {
+		fmt.Fprintln(w)
+		if err := WriteTracingTable(w, res); err != nil {
+			return err
+		}
+	}
 	for _, n := range r.Notes {
 		fmt.Fprintln(w, "note:", n)
 	}
