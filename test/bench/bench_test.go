@@ -40,7 +40,7 @@ var (
 	soakCycles = flag.Int("soak-cycles", 1000, "pod cycles of the soak (daemon memory after -soak-first vs after these)")
 	taskShim   = flag.String("task-shim", "/var/cache/crisp/containerd-v2.4.2/bin", "directory with containerd-shim-runc-v2 and runc: crisp runs -cycles pods on it as a task-only runtime handler, interleaved with its own shim's (empty: skip)")
 	nriCost    = flag.Bool("nri", true, "compare crisp with NRI disabled, enabled with no plugin and enabled with one no-op plugin: three crisps, -cycles pod cycles each, interleaved (~25 s at 50)")
-	tracingOn  = flag.Bool("tracing", true, "compare crisp with tracing off and on (every call traced, exported to an OTLP receiver in the bench), and with -base-bin's crisp: -cycles pod cycles each, interleaved, then 10 pods each for the shims' memory (~40 s at 50)")
+	tracingOn  = flag.Bool("tracing", true, "compare crisp with tracing off and on (every call traced, exported to an OTLP receiver in the bench), and with -base-bin's crisp: -cycles pod cycles each, interleaved, then 10 pods each for the shims' memory (~50 s at 50)")
 	baseBin    = flag.String("base-bin", "", "directory with criserver and shim-runc built before tracing (commit fb5f5ee), the tracing comparison's base (empty: no base)")
 	instance   = flag.Int("instance", 0, "0-7: runs with different instances use their own root, lock, bridges, subnets and cgroup parents, so they can run at once")
 )

@@ -46,6 +46,24 @@
 //     cycles p99 is the slowest cycle and its noise is large; use -cycles 200 for a
 //     p99 worth reading. The run fails if the plugin answered
 //     fewer than 9 events a timed cycle (it answers 10).
+//   - tracing cost (-tracing, on by default: ~50 s at 50 cycles; -only tracing runs it
+//     alone): crisps alive at once, built like the NRI comparison's (own dir, socket,
+//     bridge, cgroup parent, a /18 of the crisp run's /16): base, the binaries in
+//     -base-bin, built before tracing existed (commit fb5f5ee; skipped, with a log
+//     line, without the flag); off, today's binaries with tracing off (the default);
+//     on, today's with [tracing] enabled, every call of a sampled trace exported over
+//     OTLP/gRPC to a receiver in the bench process (otlptest). Every call of a cycle
+//     carries a new sampled W3C traceparent in its gRPC metadata, as kubelet with
+//     tracing sends it, on every variant (the same requests everywhere; only on makes
+//     spans of them). -cycles rounds as NRI's; Δ of off against base (the cost of
+//     tracing's code while off) and of on against off, each with its 95 % bootstrap
+//     interval, and the noise of each reference between its even and odd rounds. The
+//     receiver must hold every traced cycle's trace with a server span for each of
+//     its 6 CRI calls and at least one shim span, or the run fails; the spans a cycle
+//     are reported. Then, one variant at a time, 10 pods with a `sleep` and 3
+//     ExecSyncs each, all traced: each shim's PSS and USS (Δ with a bootstrap interval
+//     over the shims), and criserver's RSS and RssAnon after the warm-up and after
+//     the timed cycles.
 //   - pull (in every run at a small size; -pull for the full one; -only pull for it
 //     alone): images the benchmark generates (NewPullTree, seeded, 4-25 s at full
 //     size, so not cached): 6 layers, ~25,000 small text-like files (locales, Perl
@@ -89,8 +107,9 @@
 // crisp_container_create_phase_duration_seconds. With -base=false it runs -cycles
 // sequential cycles for that alone.
 //
-// Quick runs: BENCHFLAGS='-only crisp -base=false -density 10 -idle 5s -list-calls 20 -nri=false';
-// the NRI cost alone: BENCHFLAGS='-only nri'.
+// Quick runs: BENCHFLAGS='-only crisp -base=false -density 10 -idle 5s -list-calls 20 -nri=false -tracing=false';
+// the NRI cost alone: BENCHFLAGS='-only nri'; the tracing cost alone against the
+// build before tracing: BENCHFLAGS='-only tracing -base-bin DIR'.
 // The pull benchmark alone at full size: BENCHFLAGS='-only pull -pull'.
 //
 // Runs of one -instance (0 by default) wait for each other (a lock next to their
