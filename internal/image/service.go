@@ -23,6 +23,7 @@ import (
 	"github.com/distribution/reference"
 	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/crisp-runtime/crisp/internal/image/content"
 	"github.com/crisp-runtime/crisp/internal/image/diskspace"
@@ -30,6 +31,7 @@ import (
 	"github.com/crisp-runtime/crisp/internal/image/snapshot"
 	"github.com/crisp-runtime/crisp/internal/metrics"
 	"github.com/crisp-runtime/crisp/internal/store"
+	"github.com/crisp-runtime/crisp/internal/tracing"
 )
 
 // Buckets of the metadata store.
@@ -221,7 +223,7 @@ func New(cfg Config, st *store.Store, log *slog.Logger) (*Service, error) {
 	// A pull cut short by a crash leaves whole blobs and unpacked layers that no image
 	// record names (partial ones are removed by content.Open and snapshot.Open); no
 	// pull runs yet, so whatever no image references can go.
-	if err := s.gcLocked(context.Background()); err != nil {
+	if _, err := s.gcLocked(context.Background()); err != nil {
 		log.Warn("free content of interrupted pulls", "err", err)
 	}
 	cfg.Metrics.WatchImages(s.storeSize)
@@ -284,7 +286,15 @@ func (s *Service) storeSize() (count int, bytes int64) {
 // filesystem, fails with errdefs.ErrResourceExhausted naming the image and the space,
 // and whatever it stored that no image needs is freed again (when no other pull is
 // running; else the next removal frees it), so that the space comes back at once.
-func (s *Service) Pull(ctx context.Context, ref string, auth *remote.Auth) (*Image, error) {
+//
+// The pull is span image.pull of ctx's trace, with a child per phase (see
+// docs/tracing.md); the freeing after a failure is part of it.
+func (s *Service) Pull(ctx context.Context, ref string, auth *remote.Auth) (_ *Image, err error) {
+	ctx, span := tracing.Start(ctx, spanPull)
+	defer tracing.Finish(span, &err)
+	if span.IsRecording() {
+		span.SetAttributes(attrRef.String(ref))
+	}
 	named, err := remote.Normalize(ref)
 	if err != nil {
 		return nil, err
@@ -294,6 +304,9 @@ func (s *Service) Pull(ctx context.Context, ref string, auth *remote.Auth) (*Ima
 	img, downloaded, err := s.pull(ctx, named, auth)
 	if err == nil {
 		s.cfg.Metrics.ObservePull(time.Since(start), downloaded, nil)
+		if span.IsRecording() {
+			setImageAttrs(span, img, downloaded)
+		}
 		return img, nil
 	}
 	s.cfg.Metrics.ObservePull(time.Since(start), 0, err)
@@ -324,7 +337,7 @@ func (s *Service) freeUnreferenced(ctx context.Context) (ran bool, err error) {
 		return false, nil
 	}
 	defer s.gcMu.Unlock()
-	return true, s.gcLocked(context.WithoutCancel(ctx))
+	return true, s.gcTraced(context.WithoutCancel(ctx))
 }
 
 // freeAfterFullDisk frees what a pull refused for lack of space left behind (complete
@@ -373,10 +386,7 @@ func (s *Service) pull(ctx context.Context, named reference.Named, auth *remote.
 	// The blobs and layers this pull stored are not flushed yet (those it found were,
 	// or are flushed here too: syncfs covers the whole filesystem); until the image is
 	// recorded nothing references them, and the next start frees them.
-	if err := s.content.Sync(); err != nil {
-		return nil, 0, fmt.Errorf("pull %s: %w", name, err)
-	}
-	if err := s.snaps.Sync(); err != nil {
+	if err := s.sync(ctx); err != nil {
 		return nil, 0, fmt.Errorf("pull %s: %w", name, err)
 	}
 	diffIDs := make([]digest.Digest, len(fetched.Layers))
@@ -408,7 +418,7 @@ func (s *Service) pull(ctx context.Context, named reference.Named, auth *remote.
 	if fetched.RepoDigest != "" {
 		refs = append(refs, fetched.RepoDigest)
 	}
-	out, err := s.record(img, refs)
+	out, err := s.recordTraced(ctx, img, refs)
 	if err != nil {
 		return nil, 0, fmt.Errorf("pull %s: %w", name, err)
 	}
@@ -457,6 +467,9 @@ func (lp *layerPull) layer(ctx context.Context, i int, l remote.Layer, fetch rem
 		return fmt.Errorf("pull %s: layer %s: %w", lp.name, l.Digest, err)
 	}
 	if claim == nil {
+		if span := trace.SpanFromContext(ctx); span.IsRecording() {
+			span.SetAttributes(attrSnapshotExists.Bool(true))
+		}
 		_, err := fetch(ctx, nil)
 		return err
 	}
@@ -513,7 +526,14 @@ func (lp *layerPull) layer(ctx context.Context, i int, l remote.Layer, fetch rem
 		}
 	}
 	// Unsynced: pull flushes once for the image before recording it.
-	if _, err := lp.s.snaps.CommitUnsynced(ctx, claim, pending, parent); err != nil {
+	cctx, span := tracing.Start(ctx, spanCommit)
+	if span.IsRecording() {
+		span.SetAttributes(attrLayerDigest.String(l.Digest.String()), attrChainID.String(lp.chain[i].String()),
+			attrParent.String(parent.String()))
+	}
+	_, err = lp.s.snaps.CommitUnsynced(cctx, claim, pending, parent)
+	tracing.End(span, err)
+	if err != nil {
 		return fmt.Errorf("pull %s: %w", lp.name, err)
 	}
 	return nil
@@ -539,7 +559,15 @@ func (s *Service) unpackStored(ctx context.Context, name string, l remote.Layer)
 // unpack decompresses and the bytes its files declare (see unverifiedLimit): past it
 // the unpack fails with an error wrapping errUnverifiedLimit, saying by how much,
 // without the pull's and the layer's names (the caller adds them to another error).
+//
+// It is span image.layer.unpack; streamed unpacks overlap their layer's download.
 func (s *Service) unpackLayer(ctx context.Context, name string, l remote.Layer, r io.Reader, limit int64) (_ *snapshot.Pending, retErr error) {
+	ctx, span := tracing.Start(ctx, spanUnpack)
+	defer tracing.Finish(span, &retErr)
+	if span.IsRecording() {
+		span.SetAttributes(l.Attributes()...)
+		span.SetAttributes(attrStreamed.Bool(limit > 0))
+	}
 	raw, err := decompress(r)
 	if err != nil {
 		return nil, fmt.Errorf("pull %s: layer %s: %w", name, l.Digest, err)
@@ -778,7 +806,14 @@ func (s *Service) Pinned(img *Image) bool {
 // else removes the image, and blobs and snapshots no image needs any more are freed.
 // An unknown image is not an error. An image a view (an image volume) mounts is
 // refused with errdefs.ErrFailedPrecondition.
-func (s *Service) Remove(ctx context.Context, ref string) error {
+//
+// It is span image.remove, with the freeing as its child image.gc.
+func (s *Service) Remove(ctx context.Context, ref string) (err error) {
+	ctx, span := tracing.Start(ctx, spanRemove)
+	defer tracing.Finish(span, &err)
+	if span.IsRecording() {
+		span.SetAttributes(attrRef.String(ref))
+	}
 	s.gcMu.Lock()
 	defer s.gcMu.Unlock()
 	s.mu.Lock()
@@ -826,11 +861,18 @@ func (s *Service) Remove(ctx context.Context, ref string) error {
 	delete(s.images, img.ID)
 	s.mu.Unlock()
 	s.log.Info("image removed", "id", img.ID, "ref", ref)
-	return s.gcLocked(ctx)
+	if span.IsRecording() {
+		span.SetAttributes(attrImageID.String(img.ID))
+	}
+	return s.gcTraced(ctx)
 }
 
+// gcFreed is what one gcLocked removed.
+type gcFreed struct{ blobs, snapshots int }
+
 // gcLocked frees blobs and snapshots no image references; gcMu must be held.
-func (s *Service) gcLocked(ctx context.Context) error {
+func (s *Service) gcLocked(ctx context.Context) (gcFreed, error) {
+	var freed gcFreed
 	s.mu.RLock()
 	blobs := map[digest.Digest]bool{}
 	chains := map[digest.Digest]bool{}
@@ -854,7 +896,7 @@ func (s *Service) gcLocked(ctx context.Context) error {
 	}
 	s.mu.RUnlock()
 	if err != nil {
-		return err
+		return freed, err
 	}
 	var errs []error
 	err = s.content.Walk(func(d digest.Digest, _ int64) error {
@@ -864,6 +906,8 @@ func (s *Service) gcLocked(ctx context.Context) error {
 		if !blobs[d] {
 			if err := s.content.Delete(d); err != nil {
 				errs = append(errs, err)
+			} else {
+				freed.blobs++
 			}
 		}
 		return nil
@@ -897,11 +941,12 @@ func (s *Service) gcLocked(ctx context.Context) error {
 			}
 			removed++
 		}
+		freed.snapshots += removed
 		if removed == 0 {
 			break
 		}
 	}
-	return errors.Join(errs...)
+	return freed, errors.Join(errs...)
 }
 
 // FsInfo reports the image filesystem: its mount point and what the store uses on it.

@@ -5,6 +5,8 @@ import (
 	"sync"
 
 	digest "github.com/opencontainers/go-digest"
+
+	"github.com/crisp-runtime/crisp/internal/tracing"
 )
 
 // flightGroup makes concurrent fetches of one blob share a single download, like
@@ -53,6 +55,15 @@ func (g *flightGroup) do(ctx context.Context, key digest.Digest, fn func(context
 	}
 	f.waiters++
 	g.mu.Unlock()
+	if shared {
+		// The run's spans are in the trace of the caller that started it (its context
+		// is fctx): this caller's trace gets a span of its own for the wait.
+		_, span := tracing.Start(ctx, spanWait)
+		if span.IsRecording() {
+			span.SetAttributes(attrWaitFor.String(attrWaitDownload), attrBlobDigest.String(key.String()))
+		}
+		defer func() { tracing.End(span, err) }()
+	}
 
 	select {
 	case <-f.done:

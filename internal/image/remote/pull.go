@@ -26,11 +26,13 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/crisp-runtime/crisp/internal/image/content"
 	"github.com/crisp-runtime/crisp/internal/image/diskspace"
 	"github.com/crisp-runtime/crisp/internal/image/sigpolicy"
+	"github.com/crisp-runtime/crisp/internal/tracing"
 )
 
 // Limits on what is read into memory. Real manifests and configs are a few KiB; the
@@ -350,6 +352,9 @@ func (p *Puller) PullLayers(ctx context.Context, ref string, auth *Auth, unpacke
 		}
 		if i < len(eps)-1 {
 			p.log.Warn("pull from mirror failed, trying the next endpoint", "ref", name, "mirror", ep.display, "err", err)
+			if span := trace.SpanFromContext(ctx); span.IsRecording() {
+				span.AddEvent("endpoint failed, trying the next", trace.WithAttributes(attrServerAddress.String(ep.host), attrError.String(err.Error())))
+			}
 			mirrorErrs = append(mirrorErrs, fmt.Sprintf("mirror %s: %v", ep.display, err))
 			continue
 		}
@@ -364,12 +369,20 @@ func (p *Puller) PullLayers(ctx context.Context, ref string, auth *Auth, unpacke
 // checkPolicy asks the signature policy whether the image asked, which resolved to
 // top (an index or a manifest: what signatures sign) on src, may be pulled. It runs
 // before anything of the image is stored, so a refused image leaves nothing behind.
+//
+// The check is span image.verify; a refusal is its error.
 func (p *Puller) checkPolicy(ctx context.Context, asked reference.Named, top digest.Digest, src *source) error {
 	if p.sigPolicy == nil {
 		return nil
 	}
+	ctx, span := tracing.Start(ctx, spanVerify)
 	start := time.Now()
 	err := p.sigPolicy.Verify(ctx, sigpolicy.Image{Named: asked, Digest: top, Repository: src.repo, Transport: src.tr})
+	if span.IsRecording() {
+		span.SetAttributes(attrRef.String(asked.String()), attrDigest.String(top.String()),
+			attrRequirement.String(p.sigPolicy.Describe(asked)), attrAdmitted.Bool(err == nil))
+	}
+	tracing.End(span, err)
 	p.log.Debug("signature policy checked", "ref", asked.String(), "digest", top, "from", src.ep.display,
 		"requirement", p.sigPolicy.Describe(asked), "admitted", err == nil, "duration", time.Since(start))
 	return err
@@ -388,7 +401,14 @@ func allResolve(eps []endpoint) bool {
 
 // resolve returns the digest tag ref names, asked of the endpoints with the resolve
 // capability in order, as containerd asks hosts with both pull and resolve.
-func (p *Puller) resolve(ctx context.Context, named reference.Named, eps []endpoint, creds credsFunc) (digest.Digest, error) {
+//
+// It is span image.resolve.tag.
+func (p *Puller) resolve(ctx context.Context, named reference.Named, eps []endpoint, creds credsFunc) (d digest.Digest, err error) {
+	ctx, span := tracing.Start(ctx, spanResolveTag)
+	defer tracing.Finish(span, &err)
+	if span.IsRecording() {
+		span.SetAttributes(attrRef.String(named.String()))
+	}
 	var errs []string
 	for _, ep := range eps {
 		if !ep.caps.Has(docker.HostCapabilityResolve) {
@@ -400,6 +420,10 @@ func (p *Puller) resolve(ctx context.Context, named reference.Named, eps []endpo
 			ref := src.repo.Tag(named.(reference.Tagged).Tag())
 			desc, err = remote.Head(ref, remote.WithContext(ctx), remote.WithTransport(src.tr))
 			if err == nil {
+				if span.IsRecording() {
+					setEndpoint(span, ep)
+					span.SetAttributes(attrDigest.String(desc.Digest.String()))
+				}
 				return digest.Digest(desc.Digest.String()), nil
 			}
 			err = classify(err, ep, "tag "+named.String(), src.withCreds)
@@ -469,111 +493,24 @@ func (p *Puller) open(ctx context.Context, named reference.Named, ep endpoint, c
 }
 
 // pullFrom pulls named from one endpoint, asked as asked (the reference the user gave,
-// named is what it resolved to when a tag was resolved elsewhere).
+// named is what it resolved to when a tag was resolved elsewhere). Each phase is a span
+// of ctx's trace: image.resolve, image.verify, image.manifest, image.config, and an
+// image.layer per layer.
 func (p *Puller) pullFrom(ctx context.Context, asked, named reference.Named, ep endpoint, creds credsFunc, stats *pullStats, unpacker Unpacker) (*Image, error) {
-	src, err := p.open(ctx, named, ep, creds)
-	if err != nil {
-		return nil, err
-	}
-	repo := src.repo
-
-	var gref name.Reference
 	what := "image " + named.String()
-	if d, ok := named.(reference.Digested); ok {
-		gref = repo.Digest(d.Digest().String())
-	} else {
-		gref = repo.Tag(named.(reference.Tagged).Tag())
-	}
-	b, desc, err := p.getManifest(ctx, src, gref, what)
+	src, b, desc, err := p.resolveOn(ctx, named, ep, creds, what)
 	if err != nil {
 		return nil, err
 	}
 	if err := p.checkPolicy(ctx, asked, desc.Digest, src); err != nil {
 		return nil, err
 	}
-
-	img := &Image{}
-	for depth := 0; isIndex(desc.MediaType); depth++ {
-		if depth == maxIndexDepth {
-			return nil, fmt.Errorf("%s: indexes nested more than %d deep: %w", what, maxIndexDepth, errdefs.ErrNotImplemented)
-		}
-		if depth == 0 {
-			img.IndexDigest = desc.Digest
-		}
-		var idx ocispec.Index
-		if err := json.Unmarshal(b, &idx); err != nil {
-			return nil, fmt.Errorf("%s: index %s is not valid JSON: %w: %w", what, desc.Digest, err, errdefs.ErrInvalidArgument)
-		}
-		if err := p.store(ctx, desc.Digest, desc.Size, bytes.NewReader(b)); err != nil {
-			return nil, fmt.Errorf("store index %s: %w", desc.Digest, err)
-		}
-		child, err := selectManifest(&idx, p.platform)
-		if err != nil {
-			return nil, fmt.Errorf("%s (index %s): %w: %w", what, desc.Digest, err, errdefs.ErrNotFound)
-		}
-		if err := child.Digest.Validate(); err != nil {
-			return nil, fmt.Errorf("%s: index %s names an invalid digest %q: %w", what, desc.Digest, child.Digest, errdefs.ErrInvalidArgument)
-		}
-		what = "manifest " + child.Digest.String()
-		b, desc, err = p.getManifest(ctx, src, repo.Digest(child.Digest.String()), what)
-		if err != nil {
-			return nil, err
-		}
-		if desc.Size != child.Size {
-			return nil, fmt.Errorf("%s: %d bytes, but the index says %d: %w", what, desc.Size, child.Size, errdefs.ErrFailedPrecondition)
-		}
-	}
-	switch desc.MediaType {
-	case ocispec.MediaTypeImageManifest, mediaTypeDockerManifest:
-	case mediaTypeDockerSchema1, mediaTypeDockerSchema1JWS:
-		return nil, fmt.Errorf("%s: Docker schema 1 manifests are not supported (deprecated since 2017); push the image again with a current client: %w", what, errdefs.ErrNotImplemented)
-	default:
-		return nil, fmt.Errorf("%s: unsupported manifest media type %q: %w", what, desc.MediaType, errdefs.ErrNotImplemented)
-	}
-	img.ManifestDigest = desc.Digest
-
-	var m ocispec.Manifest
-	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, fmt.Errorf("%s: not valid JSON: %w: %w", what, err, errdefs.ErrInvalidArgument)
-	}
-	if err := checkManifest(&m); err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
-	}
-	if err := p.store(ctx, desc.Digest, desc.Size, bytes.NewReader(b)); err != nil {
-		return nil, fmt.Errorf("store manifest %s: %w", desc.Digest, err)
-	}
-
-	// The config comes first: its diff IDs must agree with the layers before
-	// anything large is downloaded.
-	// An oversized config or manifest is the image's fault, as every other refusal of
-	// its content is: InvalidArgument (not OutOfRange, which the CRI does not expect).
-	if m.Config.Size > maxConfigSize {
-		return nil, fmt.Errorf("image config %s is %d bytes, more than the %d crisp reads (real ones are a few KiB): %w", m.Config.Digest, m.Config.Size, maxConfigSize, errdefs.ErrInvalidArgument)
-	}
-	if err := p.fetch(ctx, src, m.Config, stats); err != nil {
-		return nil, fmt.Errorf("fetch config %s: %w", m.Config.Digest, err)
-	}
-	cb, err := p.cs.ReadAll(m.Config.Digest, maxConfigSize)
+	img, m, err := p.platformManifest(ctx, src, what, b, desc)
 	if err != nil {
-		return nil, fmt.Errorf("read config %s: %w", m.Config.Digest, err)
+		return nil, err
 	}
-	var cfg ocispec.Image
-	if err := json.Unmarshal(cb, &cfg); err != nil {
-		return nil, fmt.Errorf("config %s: not valid JSON: %w: %w", m.Config.Digest, err, errdefs.ErrInvalidArgument)
-	}
-	if cfg.RootFS.Type != "layers" || len(cfg.RootFS.DiffIDs) != len(m.Layers) {
-		return nil, fmt.Errorf("config %s: rootfs has %d diff IDs (type %q) for %d layers: %w",
-			m.Config.Digest, len(cfg.RootFS.DiffIDs), cfg.RootFS.Type, len(m.Layers), errdefs.ErrInvalidArgument)
-	}
-	for _, d := range cfg.RootFS.DiffIDs {
-		if err := d.Validate(); err != nil {
-			return nil, fmt.Errorf("config %s: invalid diff ID %q: %w: %w", m.Config.Digest, d, err, errdefs.ErrInvalidArgument)
-		}
-	}
-	img.ConfigDigest = m.Config.Digest
-	img.Layers = make([]Layer, len(m.Layers))
-	for i, l := range m.Layers {
-		img.Layers[i] = Layer{Digest: l.Digest, Size: l.Size, MediaType: l.MediaType, DiffID: cfg.RootFS.DiffIDs[i]}
+	if err := p.fetchConfig(ctx, src, m, img, stats); err != nil {
+		return nil, err
 	}
 
 	if err := p.checkSpace(m.Layers); err != nil {
@@ -601,12 +538,163 @@ func (p *Puller) pullFrom(ctx context.Context, asked, named reference.Named, ep 
 			}
 			return streamed, nil
 		}
-		g.Go(func() error { return layerFn(gctx, i, l, fetch) })
+		g.Go(func() error {
+			// The layer's span is the parent of its download and of what layerFn does
+			// with it (the image package's unpack and commit).
+			lctx, span := tracing.Start(gctx, spanLayer)
+			if span.IsRecording() {
+				span.SetAttributes(l.Attributes()...)
+				span.SetAttributes(attrLayerIndex.Int(i))
+			}
+			err := layerFn(lctx, i, l, fetch)
+			tracing.End(span, err)
+			return err
+		})
 	}
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
 	return img, nil
+}
+
+// resolveOn opens named's repository on ep (the ping and token handshake) and gets the
+// manifest or index named refers to: span image.resolve.
+func (p *Puller) resolveOn(ctx context.Context, named reference.Named, ep endpoint, creds credsFunc, what string) (src *source, b []byte, desc manifestDesc, err error) {
+	ctx, span := tracing.Start(ctx, spanResolve)
+	defer tracing.Finish(span, &err)
+	if span.IsRecording() {
+		setEndpoint(span, ep)
+		span.SetAttributes(attrRef.String(named.String()))
+	}
+	src, err = p.open(ctx, named, ep, creds)
+	if err != nil {
+		return nil, nil, manifestDesc{}, err
+	}
+	var gref name.Reference
+	if d, ok := named.(reference.Digested); ok {
+		gref = src.repo.Digest(d.Digest().String())
+	} else {
+		gref = src.repo.Tag(named.(reference.Tagged).Tag())
+	}
+	b, desc, err = p.getManifest(ctx, src, gref, what)
+	if err != nil {
+		return nil, nil, manifestDesc{}, err
+	}
+	if span.IsRecording() {
+		span.SetAttributes(attrDigest.String(desc.Digest.String()), attrMediaType.String(desc.MediaType))
+	}
+	return src, b, desc, nil
+}
+
+// platformManifest walks from the manifest or index b (described by desc) to the
+// manifest of the configured platform, checks it and stores what it read: span
+// image.manifest. img has the index and manifest digests.
+func (p *Puller) platformManifest(ctx context.Context, src *source, what string, b []byte, desc manifestDesc) (img *Image, m *ocispec.Manifest, err error) {
+	ctx, span := tracing.Start(ctx, spanManifest)
+	defer tracing.Finish(span, &err)
+	repo := src.repo
+	img = &Image{}
+	for depth := 0; isIndex(desc.MediaType); depth++ {
+		if depth == maxIndexDepth {
+			return nil, nil, fmt.Errorf("%s: indexes nested more than %d deep: %w", what, maxIndexDepth, errdefs.ErrNotImplemented)
+		}
+		if depth == 0 {
+			img.IndexDigest = desc.Digest
+		}
+		var idx ocispec.Index
+		if err := json.Unmarshal(b, &idx); err != nil {
+			return nil, nil, fmt.Errorf("%s: index %s is not valid JSON: %w: %w", what, desc.Digest, err, errdefs.ErrInvalidArgument)
+		}
+		if err := p.store(ctx, desc.Digest, desc.Size, bytes.NewReader(b)); err != nil {
+			return nil, nil, fmt.Errorf("store index %s: %w", desc.Digest, err)
+		}
+		child, err := selectManifest(&idx, p.platform)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s (index %s): %w: %w", what, desc.Digest, err, errdefs.ErrNotFound)
+		}
+		if err := child.Digest.Validate(); err != nil {
+			return nil, nil, fmt.Errorf("%s: index %s names an invalid digest %q: %w", what, desc.Digest, child.Digest, errdefs.ErrInvalidArgument)
+		}
+		what = "manifest " + child.Digest.String()
+		b, desc, err = p.getManifest(ctx, src, repo.Digest(child.Digest.String()), what)
+		if err != nil {
+			return nil, nil, err
+		}
+		if desc.Size != child.Size {
+			return nil, nil, fmt.Errorf("%s: %d bytes, but the index says %d: %w", what, desc.Size, child.Size, errdefs.ErrFailedPrecondition)
+		}
+	}
+	switch desc.MediaType {
+	case ocispec.MediaTypeImageManifest, mediaTypeDockerManifest:
+	case mediaTypeDockerSchema1, mediaTypeDockerSchema1JWS:
+		return nil, nil, fmt.Errorf("%s: Docker schema 1 manifests are not supported (deprecated since 2017); push the image again with a current client: %w", what, errdefs.ErrNotImplemented)
+	default:
+		return nil, nil, fmt.Errorf("%s: unsupported manifest media type %q: %w", what, desc.MediaType, errdefs.ErrNotImplemented)
+	}
+	img.ManifestDigest = desc.Digest
+	if span.IsRecording() {
+		span.SetAttributes(attrManifestDigest.String(desc.Digest.String()), attrMediaType.String(desc.MediaType))
+		if img.IndexDigest != "" {
+			span.SetAttributes(attrIndexDigest.String(img.IndexDigest.String()), attrPlatform.String(platformString(p.platform)))
+		}
+	}
+
+	m = &ocispec.Manifest{}
+	if err := json.Unmarshal(b, m); err != nil {
+		return nil, nil, fmt.Errorf("%s: not valid JSON: %w: %w", what, err, errdefs.ErrInvalidArgument)
+	}
+	if err := checkManifest(m); err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", what, err)
+	}
+	if err := p.store(ctx, desc.Digest, desc.Size, bytes.NewReader(b)); err != nil {
+		return nil, nil, fmt.Errorf("store manifest %s: %w", desc.Digest, err)
+	}
+	if span.IsRecording() {
+		span.SetAttributes(attrLayers.Int(len(m.Layers)))
+	}
+	return img, m, nil
+}
+
+// fetchConfig gets the config of manifest m into the store and checks its diff IDs
+// against the layers, before anything large is downloaded: span image.config. It
+// fills in img's config digest and layers.
+func (p *Puller) fetchConfig(ctx context.Context, src *source, m *ocispec.Manifest, img *Image, stats *pullStats) (err error) {
+	ctx, span := tracing.Start(ctx, spanConfig)
+	defer tracing.Finish(span, &err)
+	if span.IsRecording() {
+		span.SetAttributes(attrImageID.String(m.Config.Digest.String()), attrBlobSize.Int64(m.Config.Size))
+	}
+	// An oversized config or manifest is the image's fault, as every other refusal of
+	// its content is: InvalidArgument (not OutOfRange, which the CRI does not expect).
+	if m.Config.Size > maxConfigSize {
+		return fmt.Errorf("image config %s is %d bytes, more than the %d crisp reads (real ones are a few KiB): %w", m.Config.Digest, m.Config.Size, maxConfigSize, errdefs.ErrInvalidArgument)
+	}
+	if err := p.fetch(ctx, src, m.Config, stats); err != nil {
+		return fmt.Errorf("fetch config %s: %w", m.Config.Digest, err)
+	}
+	cb, err := p.cs.ReadAll(m.Config.Digest, maxConfigSize)
+	if err != nil {
+		return fmt.Errorf("read config %s: %w", m.Config.Digest, err)
+	}
+	var cfg ocispec.Image
+	if err := json.Unmarshal(cb, &cfg); err != nil {
+		return fmt.Errorf("config %s: not valid JSON: %w: %w", m.Config.Digest, err, errdefs.ErrInvalidArgument)
+	}
+	if cfg.RootFS.Type != "layers" || len(cfg.RootFS.DiffIDs) != len(m.Layers) {
+		return fmt.Errorf("config %s: rootfs has %d diff IDs (type %q) for %d layers: %w",
+			m.Config.Digest, len(cfg.RootFS.DiffIDs), cfg.RootFS.Type, len(m.Layers), errdefs.ErrInvalidArgument)
+	}
+	for _, d := range cfg.RootFS.DiffIDs {
+		if err := d.Validate(); err != nil {
+			return fmt.Errorf("config %s: invalid diff ID %q: %w: %w", m.Config.Digest, d, err, errdefs.ErrInvalidArgument)
+		}
+	}
+	img.ConfigDigest = m.Config.Digest
+	img.Layers = make([]Layer, len(m.Layers))
+	for i, l := range m.Layers {
+		img.Layers[i] = Layer{Digest: l.Digest, Size: l.Size, MediaType: l.MediaType, DiffID: cfg.RootFS.DiffIDs[i]}
+	}
+	return nil
 }
 
 // fetchLayer is a layer's FetchFunc: fetch in one of the pull's download slots, with
@@ -772,7 +860,26 @@ func (p *Puller) fetchWith(ctx context.Context, src *source, desc ocispec.Descri
 }
 
 // download streams one blob from src into the content store, which verifies it.
-func (p *Puller) download(ctx context.Context, src *source, desc ocispec.Descriptor, stats *pullStats, tee *teeConsumer) error {
+// It is span image.layer.download (image.blob.download for a config), from the
+// request to the last byte stored, whose bytes are those read from the registry.
+func (p *Puller) download(ctx context.Context, src *source, desc ocispec.Descriptor, stats *pullStats, tee *teeConsumer) (err error) {
+	name := spanBlobFetch
+	if layerMediaTypes[desc.MediaType] {
+		name = spanLayerFetch
+	}
+	ctx, span := tracing.Start(ctx, name)
+	var conn *connReader
+	defer func() {
+		if span.IsRecording() {
+			setEndpoint(span, src.ep)
+			span.SetAttributes(attrBlobDigest.String(desc.Digest.String()), attrBlobSize.Int64(desc.Size),
+				attrMediaType.String(desc.MediaType))
+			if conn != nil {
+				span.SetAttributes(attrBytesRead.Int64(conn.read))
+			}
+		}
+		tracing.End(span, err)
+	}()
 	start := time.Now()
 	u := url.URL{
 		Scheme: src.repo.Scheme(),
@@ -795,7 +902,8 @@ func (p *Puller) download(ctx context.Context, src *source, desc ocispec.Descrip
 		return fmt.Errorf("%s announced %d bytes, but the manifest says %d: %w",
 			src.ep.display, resp.ContentLength, desc.Size, errdefs.ErrFailedPrecondition)
 	}
-	body := p.reserve.Reader(&connReader{r: resp.Body, ep: src.ep, ctx: ctx}, "")
+	conn = &connReader{r: resp.Body, ep: src.ep, ctx: ctx}
+	body := p.reserve.Reader(conn, "")
 	if tee != nil {
 		body = tee.reader(body)
 	}

@@ -7,6 +7,9 @@ import (
 
 	"github.com/containerd/errdefs"
 	digest "github.com/opencontainers/go-digest"
+	"go.opentelemetry.io/otel/attribute"
+
+	"github.com/crisp-runtime/crisp/internal/tracing"
 )
 
 // Claim is the right to produce one layer snapshot: while it is held, nobody else
@@ -54,15 +57,10 @@ func (s *Snapshotter) claim(ctx context.Context, chainID, parent digest.Digest) 
 		s.mu.Lock()
 		if other, ok := s.applying[chainID]; ok {
 			s.mu.Unlock()
-			select {
-			case <-other.done:
-				if other.abandoned != nil {
-					return nil, Info{}, fmt.Errorf("another pull of the same layer failed: %w", other.abandoned)
-				}
-				continue
-			case <-ctx.Done():
-				return nil, Info{}, fmt.Errorf("wait for another unpack of %s: %w", chainID, ctx.Err())
+			if err := waitClaim(ctx, chainID, other); err != nil {
+				return nil, Info{}, err
 			}
+			continue
 		}
 		var rec layerRecord
 		err := s.get(layerBucket, chainID.String(), &rec)
@@ -84,6 +82,26 @@ func (s *Snapshotter) claim(ctx context.Context, chainID, parent digest.Digest) 
 		s.applying[chainID] = fl
 		s.mu.Unlock()
 		return &Claim{s: s, chainID: chainID, fl: fl}, Info{}, nil
+	}
+}
+
+// waitClaim waits for another claim on chainID to end. The other pull's unpack is in
+// its own trace: the wait is span image.pull.wait of this caller's.
+func waitClaim(ctx context.Context, chainID digest.Digest, other *flight) (err error) {
+	_, span := tracing.Start(ctx, "image.pull.wait")
+	defer tracing.Finish(span, &err)
+	if span.IsRecording() {
+		span.SetAttributes(attribute.String("crisp.image.wait.for", "unpack"),
+			attribute.String("crisp.image.layer.chain_id", chainID.String()))
+	}
+	select {
+	case <-other.done:
+		if other.abandoned != nil {
+			return fmt.Errorf("another pull of the same layer failed: %w", other.abandoned)
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("wait for another unpack of %s: %w", chainID, ctx.Err())
 	}
 }
 
