@@ -160,12 +160,13 @@ func runTracingCost(ctx context.Context, t *testing.T, root string, tmpl Spec, b
 	shims := map[string][]Mem{}
 	for i, w := range ws {
 		t.Logf("tracing cost: %s: %d pods with traced calls for the shims' memory", keys[i], tracingMemPods)
-		ms, err := tracedShimMem(ctx, w)
+		ms, gos, err := tracedShimMem(ctx, w)
 		if err != nil {
 			return fmt.Errorf("tracing %s: %w", keys[i], err)
 		}
 		shims[keys[i]] = ms
 		TracingMem(res, keys[i], ms, warm[i].mem, after[i].mem, warm[i].anon, after[i].anon)
+		TracingGoMem(res, keys[i], gos)
 		if err := w.RemoveAll(ctx, clients); err != nil {
 			return fmt.Errorf("tracing %s: remove the memory pods: %w", keys[i], err)
 		}
@@ -229,39 +230,57 @@ func waitSpans(ctx context.Context, rcv *otlptest.Receiver, ids []string) (map[s
 // tracedShimMem runs tracingMemPods pods with a `sleep` each, every call of a pod
 // (its start, tracingMemExecs ExecSyncs) in a trace of its own, and returns each
 // pod's shim's memory after settle (longer than a shim's batch delay, so its spans
-// are sent and its buffer is back to what it keeps).
-func tracedShimMem(ctx context.Context, w *Workload) ([]Mem, error) {
+// are sent and its buffer is back to what it keeps), with the Go runtime's classes
+// the shim reports in its verbose status (the untraced status call that finds the
+// shim's pid, as the base run's memory figures are found).
+func tracedShimMem(ctx context.Context, w *Workload) (mems []Mem, gos []map[string]float64, err error) {
 	for i := range tracingMemPods {
 		tctx, _ := TraceContext(ctx)
 		_, cid, err := w.PodWithSleep(tctx, fmt.Sprintf("trmem%d", i))
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		for range tracingMemExecs {
 			r, err := w.D.RT.ExecSync(tctx, &cri.ExecSyncRequest{ContainerId: cid, Cmd: []string{"true"}, Timeout: 10})
 			if err != nil {
-				return nil, fmt.Errorf("exec: %w", err)
+				return nil, nil, fmt.Errorf("exec: %w", err)
 			}
 			if r.ExitCode != 0 {
-				return nil, fmt.Errorf("exec true: exit %d, stderr %q", r.ExitCode, r.Stderr)
+				return nil, nil, fmt.Errorf("exec true: exit %d, stderr %q", r.ExitCode, r.Stderr)
 			}
 		}
 	}
 	time.Sleep(settle)
-	procs, err := w.RuntimeProcs(ctx)
+	pods, err := w.D.RT.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if len(procs.Shims) != tracingMemPods {
-		return nil, fmt.Errorf("found %d shims, want %d", len(procs.Shims), tracingMemPods)
+	if len(pods.Items) != tracingMemPods {
+		return nil, nil, fmt.Errorf("found %d pods, want %d", len(pods.Items), tracingMemPods)
 	}
-	out := make([]Mem, len(procs.Shims))
-	for i, pid := range procs.Shims {
-		m, err := ReadMem(pid)
+	for _, p := range pods.Items {
+		st, err := w.D.RT.PodSandboxStatus(ctx, &cri.PodSandboxStatusRequest{PodSandboxId: p.Id, Verbose: true})
 		if err != nil {
-			return nil, fmt.Errorf("memory of shim %d: %w", pid, err)
+			return nil, nil, err
 		}
-		out[i] = m
+		info := st.GetInfo()["info"]
+		pid, err := sandboxPid(info)
+		if err != nil {
+			return nil, nil, err
+		}
+		shim, err := PPid(pid)
+		if err != nil {
+			return nil, nil, err
+		}
+		m, err := ReadMem(shim)
+		if err != nil {
+			return nil, nil, fmt.Errorf("memory of shim %d: %w", shim, err)
+		}
+		g, err := ShimGoMem(info)
+		if err != nil {
+			return nil, nil, fmt.Errorf("shim %d: %w", shim, err)
+		}
+		mems, gos = append(mems, m), append(gos, g)
 	}
-	return out, nil
+	return mems, gos, nil
 }

@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	mrand "math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -127,6 +129,50 @@ func TracingMem(res Results, key string, shims []Mem, daemonWarm, daemonCycles M
 	res[p+"shim_pss"], res[p+"shim_uss"], res[p+"shim_rss"] = mean.PSS, mean.USS, mean.RSS
 	res[p+"daemon_rss_warm"], res[p+"daemon_rss_cycles"] = daemonWarm.RSS/1024, daemonCycles.RSS/1024
 	res[p+"daemon_anon_warm"], res[p+"daemon_anon_cycles"] = anonWarm/1024, anonCycles/1024
+}
+
+// shimGoClasses are the Go runtime's memory classes crisp's shim reports in a verbose
+// PodSandboxStatus (its gomem.go), in the order the table prints them, and the
+// goroutines it runs: where a shim's private memory goes.
+var shimGoClasses = []string{"go_heap_objects", "go_heap_unused", "go_heap_free", "go_heap_released", "go_stacks", "go_metadata", "go_other", "go_total", "goroutines"}
+
+// ShimGoMem reads shimGoClasses from the "shim" part of crisp's verbose
+// PodSandboxStatus info JSON: the byte classes in KiB, goroutines as a count.
+func ShimGoMem(info string) (map[string]float64, error) {
+	var v struct {
+		Shim map[string]string `json:"shim"`
+	}
+	if err := json.Unmarshal([]byte(info), &v); err != nil {
+		return nil, fmt.Errorf("verbose info: %w", err)
+	}
+	out := map[string]float64{}
+	for _, c := range shimGoClasses {
+		raw, ok := v.Shim[c+"_bytes"]
+		div := 1024.0
+		if c == "goroutines" {
+			raw, ok, div = v.Shim[c], v.Shim[c] != "", 1
+		}
+		if !ok {
+			return nil, fmt.Errorf("verbose info: the shim reports no %s", c)
+		}
+		n, err := strconv.ParseFloat(raw, 64)
+		if err != nil {
+			return nil, fmt.Errorf("verbose info: shim's %s: %w", c, err)
+		}
+		out[c] = n / div
+	}
+	return out, nil
+}
+
+// TracingGoMem stores the mean of each of shimGoClasses over variant key's shims.
+func TracingGoMem(res Results, key string, shims []map[string]float64) {
+	for _, c := range shimGoClasses {
+		sum := 0.0
+		for _, m := range shims {
+			sum += m[c]
+		}
+		res["tracing_"+key+"_shim_"+c] = sum / float64(max(len(shims), 1))
+	}
 }
 
 // TracingMemDeltas stores, for each variant with a Ref, the 95 % bootstrap interval
@@ -340,6 +386,30 @@ func WriteTracingTable(w io.Writer, res Results) error {
 		}
 		for _, f := range []string{"daemon_rss_warm", "daemon_rss_cycles", "daemon_anon_warm", "daemon_anon_cycles"} {
 			fmt.Fprintf(tw, "%s\t", num(res, p+f, "MiB"))
+		}
+		fmt.Fprintln(tw)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if _, ok := res["tracing_off_shim_go_total"]; !ok {
+		return nil
+	}
+	fmt.Fprintln(w, "the shims' Go memory (their verbose status), mean KiB")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprint(tw, "\t")
+	for _, c := range shimGoClasses {
+		fmt.Fprintf(tw, "%s\t", strings.TrimPrefix(c, "go_"))
+	}
+	fmt.Fprintln(tw)
+	for _, v := range vs {
+		fmt.Fprintf(tw, "%s\t", v.Name)
+		for _, c := range shimGoClasses {
+			unit := "KiB"
+			if c == "goroutines" {
+				unit = "count"
+			}
+			fmt.Fprintf(tw, "%s\t", num(res, "tracing_"+v.Key+"_shim_"+c, unit))
 		}
 		fmt.Fprintln(tw)
 	}

@@ -122,6 +122,40 @@ func TestTracingMem(t *testing.T) {
 	}
 }
 
+func TestShimGoMem(t *testing.T) {
+	info := `{"pid": 42, "shim": {"goroutines": "9", "go_heap_objects_bytes": "1048576", "go_heap_unused_bytes": "2048",
+		"go_heap_free_bytes": "0", "go_heap_released_bytes": "4096", "go_stacks_bytes": "65536", "go_metadata_bytes": "10240",
+		"go_other_bytes": "1024", "go_profiling_buckets_bytes": "5", "go_total_bytes": "8388608"}}`
+	g, err := ShimGoMem(info)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]float64{"goroutines": 9, "go_heap_objects": 1024, "go_heap_unused": 2, "go_heap_free": 0, "go_heap_released": 4,
+		"go_stacks": 64, "go_metadata": 10, "go_other": 1, "go_total": 8192}
+	if len(g) != len(want) {
+		t.Errorf("got %v, want %v", g, want)
+	}
+	for k, v := range want {
+		if g[k] != v {
+			t.Errorf("%s = %v, want %v", k, g[k], v)
+		}
+	}
+	res := Results{}
+	g2 := map[string]float64{}
+	for k, v := range g {
+		g2[k] = v + 2
+	}
+	TracingGoMem(res, "on", []map[string]float64{g, g2})
+	if res["tracing_on_shim_go_heap_objects"] != 1025 || res["tracing_on_shim_goroutines"] != 10 {
+		t.Errorf("means: %v", res)
+	}
+	for _, bad := range []string{`{"pid": 42}`, `{"shim": {"goroutines": "9"}}`, `{"shim": {"go_total_bytes": "x"}}`, `not json`} {
+		if _, err := ShimGoMem(bad); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+}
+
 func TestTraceContext(t *testing.T) {
 	ctx, id := TraceContext(context.Background())
 	md, _ := metadata.FromOutgoingContext(ctx)
@@ -190,6 +224,13 @@ func TestWriteTracingTable(t *testing.T) {
 	if err := TracingMemDeltas(res, []string{"base", "off", "on"}, map[string][]Mem{"base": ms, "off": ms, "on": ms}); err != nil {
 		t.Fatal(err)
 	}
+	for i, k := range []string{"base", "off", "on"} {
+		g := map[string]float64{}
+		for j, c := range shimGoClasses {
+			g[c] = float64(100*i + j)
+		}
+		TracingGoMem(res, k, []map[string]float64{g})
+	}
 	var sb strings.Builder
 	if err := WriteTracingTable(&sb, res); err != nil {
 		t.Fatal(err)
@@ -204,9 +245,9 @@ func TestWriteTracingTable(t *testing.T) {
 		}
 	}
 	for name, want := range map[string]string{
-		"before tracing (base)":           "100 - - 300 - - 99.0 - -|3000 - - 2000 - - 20.0 21.0 6.00 7.00|",
-		"tracing off":                     "101 +1.00 +1.00..+1.00 301 +1.00 +1.00..+1.00 100 +1.00 +1.00..+1.00|3000 +0.00 +0.00..+0.00 2000 +0.00 +0.00..+0.00 20.0 21.0 6.00 7.00|",
-		"tracing on, every call sampled":  "103 +2.00 +2.00..+2.00 303 +2.00 +2.00..+2.00 102 +2.00 +2.00..+2.00|3000 +0.00 +0.00..+0.00 2000 +0.00 +0.00..+0.00 20.0 21.0 6.00 7.00|",
+		"before tracing (base)":           "100 - - 300 - - 99.0 - -|3000 - - 2000 - - 20.0 21.0 6.00 7.00|0.00 1.00 2.00 3.00 4.00 5.00 6.00 7.00 8|",
+		"tracing off":                     "101 +1.00 +1.00..+1.00 301 +1.00 +1.00..+1.00 100 +1.00 +1.00..+1.00|3000 +0.00 +0.00..+0.00 2000 +0.00 +0.00..+0.00 20.0 21.0 6.00 7.00|100 101 102 103 104 105 106 107 108|",
+		"tracing on, every call sampled":  "103 +2.00 +2.00..+2.00 303 +2.00 +2.00..+2.00 102 +2.00 +2.00..+2.00|3000 +0.00 +0.00..+0.00 2000 +0.00 +0.00..+0.00 20.0 21.0 6.00 7.00|200 201 202 203 204 205 206 207 208|",
 		"noise: base, even vs odd rounds": "±4.00 ±200 ±4.00|",
 		"noise: off, even vs odd rounds":  "±4.00 ±200 ±4.00|",
 	} {
@@ -214,7 +255,7 @@ func TestWriteTracingTable(t *testing.T) {
 			t.Errorf("row %q = %q, want %q\n%s", name, rows[name], want, out)
 		}
 	}
-	for _, s := range []string{"crisp 3 ways, 6 pod cycles each", "off against base, of on against off", "25.0 spans a traced cycle (7.0 of them the shim's), 24 in the fewest", "2 pods each"} {
+	for _, s := range []string{"crisp 3 ways, 6 pod cycles each", "off against base, of on against off", "25.0 spans a traced cycle (7.0 of them the shim's), 24 in the fewest", "2 pods each", "heap_objects  heap_unused"} {
 		if !strings.Contains(out, s) {
 			t.Errorf("table lacks %q:\n%s", s, out)
 		}
