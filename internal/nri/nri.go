@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -18,6 +19,7 @@ import (
 	rspec "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/crisp-runtime/crisp/internal/config"
+	"github.com/crisp-runtime/crisp/internal/tracing"
 	"github.com/crisp-runtime/crisp/internal/version"
 )
 
@@ -62,6 +64,11 @@ type NRI struct {
 	exits    sync.WaitGroup
 	bg       context.Context
 	cancelBG context.CancelFunc
+
+	// hookMu is held around each call into the library, cur is the traced hook under
+	// way, if any: the library reports each plugin's answer with no context (trace.go).
+	hookMu sync.Mutex
+	cur    atomic.Pointer[pluginSpans]
 }
 
 type state int
@@ -90,6 +97,9 @@ func New(cfg config.NRIConfig, log *slog.Logger, cdi func(*rspec.Spec, []string)
 	opts := []adaptation.Option{
 		adaptation.WithPluginPath(cfg.PluginPath),
 		adaptation.WithPluginConfigPath(cfg.PluginConfigPath),
+		// Tracing: a span per plugin answer, and the trace context to plugins.
+		adaptation.WithMetrics(pluginReports{n}),
+		ttrpcOptions(),
 	}
 	if cfg.DisableConnections {
 		opts = append(opts, adaptation.WithDisabledExternalConnections())
@@ -173,7 +183,9 @@ func (n *NRI) RunPodSandbox(ctx context.Context, p Pod) error {
 	if n == nil {
 		return nil
 	}
-	return n.a.RunPodSandbox(ctx, &api.RunPodSandboxRequest{Pod: p.toNRI()})
+	return n.hook(ctx, api.Event_RUN_POD_SANDBOX, &p, nil, func(ctx context.Context) error {
+		return n.a.RunPodSandbox(ctx, &api.RunPodSandboxRequest{Pod: p.toNRI()})
+	})
 }
 
 // UpdatePodSandbox tells plugins a pod's resources are changing; an error fails the update.
@@ -182,8 +194,10 @@ func (n *NRI) UpdatePodSandbox(ctx context.Context, p Pod) error {
 		return nil
 	}
 	np := p.toNRI()
-	_, err := n.a.UpdatePodSandbox(ctx, &api.UpdatePodSandboxRequest{Pod: np, OverheadLinuxResources: np.GetLinux().GetPodOverhead(), LinuxResources: np.GetLinux().GetPodResources()})
-	return err
+	return n.hook(ctx, api.Event_UPDATE_POD_SANDBOX, &p, nil, func(ctx context.Context) error {
+		_, err := n.a.UpdatePodSandbox(ctx, &api.UpdatePodSandboxRequest{Pod: np, OverheadLinuxResources: np.GetLinux().GetPodOverhead(), LinuxResources: np.GetLinux().GetPodResources()})
+		return err
+	})
 }
 
 // PostUpdatePodSandbox tells plugins a pod's resources changed.
@@ -191,7 +205,9 @@ func (n *NRI) PostUpdatePodSandbox(ctx context.Context, p Pod) {
 	if n == nil {
 		return
 	}
-	n.notify(ctx, "PostUpdatePodSandbox", n.a.PostUpdatePodSandbox(ctx, &api.PostUpdatePodSandboxRequest{Pod: p.toNRI()}))
+	n.notify(ctx, "PostUpdatePodSandbox", n.hook(ctx, api.Event_POST_UPDATE_POD_SANDBOX, &p, nil, func(ctx context.Context) error {
+		return n.a.PostUpdatePodSandbox(ctx, &api.PostUpdatePodSandboxRequest{Pod: p.toNRI()})
+	}))
 }
 
 // StopPodSandbox tells plugins a pod stopped; errors are logged, as containerd does.
@@ -199,7 +215,9 @@ func (n *NRI) StopPodSandbox(ctx context.Context, p Pod) {
 	if n == nil {
 		return
 	}
-	n.notify(ctx, "StopPodSandbox", n.a.StopPodSandbox(ctx, &api.StopPodSandboxRequest{Pod: p.toNRI()}))
+	n.notify(ctx, "StopPodSandbox", n.hook(ctx, api.Event_STOP_POD_SANDBOX, &p, nil, func(ctx context.Context) error {
+		return n.a.StopPodSandbox(ctx, &api.StopPodSandboxRequest{Pod: p.toNRI()})
+	}))
 }
 
 // RemovePodSandbox tells plugins a pod is gone; errors are logged.
@@ -207,7 +225,9 @@ func (n *NRI) RemovePodSandbox(ctx context.Context, p Pod) {
 	if n == nil {
 		return
 	}
-	n.notify(ctx, "RemovePodSandbox", n.a.RemovePodSandbox(ctx, &api.RemovePodSandboxRequest{Pod: p.toNRI()}))
+	n.notify(ctx, "RemovePodSandbox", n.hook(ctx, api.Event_REMOVE_POD_SANDBOX, &p, nil, func(ctx context.Context) error {
+		return n.a.RemovePodSandbox(ctx, &api.RemovePodSandboxRequest{Pod: p.toNRI()})
+	}))
 }
 
 // CreateContainer asks plugins for their adjustments of a container about to be
@@ -217,15 +237,26 @@ func (n *NRI) RemovePodSandbox(ctx context.Context, p Pod) {
 // disconnected by the library and the create goes on without it. The updates and
 // evictions plugins ask for along with it are applied to other containers, failures
 // only logged.
-func (n *NRI) CreateContainer(ctx context.Context, p Pod, c Container) (*api.ContainerAdjustment, error) {
+func (n *NRI) CreateContainer(ctx context.Context, p Pod, c Container) (_ *api.ContainerAdjustment, err error) {
 	if n == nil {
 		return nil, nil
 	}
 	if c.Spec == nil {
 		return nil, errors.New("nri: CreateContainer without the container's spec")
 	}
-	rsp, err := n.a.CreateContainer(ctx, &api.CreateContainerRequest{Pod: p.toNRI(), Container: c.toNRI()})
+	ctx, span := startHook(ctx, api.Event_CREATE_CONTAINER, &p, &c)
+	defer tracing.Finish(span, &err)
+	var rsp *api.CreateContainerResponse
+	err = n.call(ctx, api.Event_CREATE_CONTAINER, func(ctx context.Context) error {
+		var err error
+		rsp, err = n.a.CreateContainer(ctx, &api.CreateContainerRequest{Pod: p.toNRI(), Container: c.toNRI()})
+		return err
+	})
 	n.setState(c.ID, stateCreated)
+	if span.IsRecording() {
+		span.SetAttributes(attrRejected.Bool(err != nil && refusedByValidator(err)), attrAdjustments.Int(countAdjustments(rsp.GetAdjust())),
+			attrUpdates.Int(len(rsp.GetUpdate())), attrEvictions.Int(len(rsp.GetEvict())))
+	}
 	if err != nil {
 		if refusedByValidator(err) {
 			return nil, fmt.Errorf("NRI CreateContainer: %w (a node policy: [nri.default_validator] or a validating plugin): %w", err, errdefs.ErrFailedPrecondition)
@@ -276,7 +307,9 @@ func (n *NRI) PostCreateContainer(ctx context.Context, p Pod, c Container) {
 	if n == nil {
 		return
 	}
-	n.notify(ctx, "PostCreateContainer", n.a.PostCreateContainer(ctx, &api.PostCreateContainerRequest{Pod: p.toNRI(), Container: c.toNRI()}))
+	n.notify(ctx, "PostCreateContainer", n.hook(ctx, api.Event_POST_CREATE_CONTAINER, &p, &c, func(ctx context.Context) error {
+		return n.a.PostCreateContainer(ctx, &api.PostCreateContainerRequest{Pod: p.toNRI(), Container: c.toNRI()})
+	}))
 }
 
 // StartContainer tells plugins a container is about to start; an error fails the start.
@@ -284,7 +317,9 @@ func (n *NRI) StartContainer(ctx context.Context, p Pod, c Container) error {
 	if n == nil {
 		return nil
 	}
-	err := n.a.StartContainer(ctx, &api.StartContainerRequest{Pod: p.toNRI(), Container: c.toNRI()})
+	err := n.hook(ctx, api.Event_START_CONTAINER, &p, &c, func(ctx context.Context) error {
+		return n.a.StartContainer(ctx, &api.StartContainerRequest{Pod: p.toNRI(), Container: c.toNRI()})
+	})
 	n.setState(c.ID, stateRunning)
 	if err != nil {
 		return fmt.Errorf("NRI StartContainer: %w", err)
@@ -297,17 +332,29 @@ func (n *NRI) PostStartContainer(ctx context.Context, p Pod, c Container) {
 	if n == nil {
 		return
 	}
-	n.notify(ctx, "PostStartContainer", n.a.PostStartContainer(ctx, &api.PostStartContainerRequest{Pod: p.toNRI(), Container: c.toNRI()}))
+	n.notify(ctx, "PostStartContainer", n.hook(ctx, api.Event_POST_START_CONTAINER, &p, &c, func(ctx context.Context) error {
+		return n.a.PostStartContainer(ctx, &api.PostStartContainerRequest{Pod: p.toNRI(), Container: c.toNRI()})
+	}))
 }
 
 // UpdateContainer asks plugins about a resource update of a container; req is the
 // update asked for (NRI form). It returns the resources to apply instead (nil: req as
 // is) or an error, which fails the update, as in containerd.
-func (n *NRI) UpdateContainer(ctx context.Context, p Pod, c Container, req *api.LinuxResources) (*api.LinuxResources, error) {
+func (n *NRI) UpdateContainer(ctx context.Context, p Pod, c Container, req *api.LinuxResources) (_ *api.LinuxResources, err error) {
 	if n == nil {
 		return nil, nil
 	}
-	rsp, err := n.a.UpdateContainer(ctx, &api.UpdateContainerRequest{Pod: p.toNRI(), Container: c.toNRI(), LinuxResources: req})
+	ctx, span := startHook(ctx, api.Event_UPDATE_CONTAINER, &p, &c)
+	defer tracing.Finish(span, &err)
+	var rsp *api.UpdateContainerResponse
+	err = n.call(ctx, api.Event_UPDATE_CONTAINER, func(ctx context.Context) error {
+		var err error
+		rsp, err = n.a.UpdateContainer(ctx, &api.UpdateContainerRequest{Pod: p.toNRI(), Container: c.toNRI(), LinuxResources: req})
+		return err
+	})
+	if span.IsRecording() {
+		span.SetAttributes(attrUpdates.Int(len(rsp.GetUpdate())), attrEvictions.Int(len(rsp.GetEvict())))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("NRI UpdateContainer: %w", err)
 	}
@@ -326,7 +373,9 @@ func (n *NRI) PostUpdateContainer(ctx context.Context, p Pod, c Container) {
 	if n == nil {
 		return
 	}
-	n.notify(ctx, "PostUpdateContainer", n.a.PostUpdateContainer(ctx, &api.PostUpdateContainerRequest{Pod: p.toNRI(), Container: c.toNRI()}))
+	n.notify(ctx, "PostUpdateContainer", n.hook(ctx, api.Event_POST_UPDATE_CONTAINER, &p, &c, func(ctx context.Context) error {
+		return n.a.PostUpdateContainer(ctx, &api.PostUpdateContainerRequest{Pod: p.toNRI(), Container: c.toNRI()})
+	}))
 }
 
 // StopContainer tells plugins a container stopped (once per container, however many
@@ -380,8 +429,18 @@ const exitNotifyTimeout = 30 * time.Second
 // deliverStop sends StopContainer, marks it delivered, then applies the updates
 // plugins answered with: later events of the container need not wait for those.
 func (n *NRI) deliverStop(ctx context.Context, p Pod, c Container, delivered func()) {
-	rsp, err := n.a.StopContainer(ctx, &api.StopContainerRequest{Pod: p.toNRI(), Container: c.toNRI()})
+	ctx, span := startHook(ctx, api.Event_STOP_CONTAINER, &p, &c)
+	var rsp *api.StopContainerResponse
+	err := n.call(ctx, api.Event_STOP_CONTAINER, func(ctx context.Context) error {
+		var err error
+		rsp, err = n.a.StopContainer(ctx, &api.StopContainerRequest{Pod: p.toNRI(), Container: c.toNRI()})
+		return err
+	})
 	delivered()
+	if span.IsRecording() {
+		span.SetAttributes(attrUpdates.Int(len(rsp.GetUpdate())))
+	}
+	defer tracing.End(span, err)
 	if err != nil {
 		n.notify(ctx, "StopContainer", err)
 		return
@@ -439,7 +498,9 @@ func (n *NRI) RemoveContainer(ctx context.Context, p Pod, c Container) {
 	if !n.claim(c.ID, stateNone, stateStopped) {
 		return
 	}
-	n.notify(ctx, "RemoveContainer", n.a.RemoveContainer(ctx, &api.RemoveContainerRequest{Pod: p.toNRI(), Container: c.toNRI()}))
+	n.notify(ctx, "RemoveContainer", n.hook(ctx, api.Event_REMOVE_CONTAINER, &p, &c, func(ctx context.Context) error {
+		return n.a.RemoveContainer(ctx, &api.RemoveContainerRequest{Pod: p.toNRI(), Container: c.toNRI()})
+	}))
 }
 
 // claim moves id to state to if it is in one of from, reporting whether it did: the
@@ -477,6 +538,22 @@ func (n *NRI) runtime() Runtime {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.rt
+}
+
+// hook runs call, the library's call for hook ev of pod p (and container c), as the
+// hook's span.
+func (n *NRI) hook(ctx context.Context, ev api.Event, p *Pod, c *Container, call func(context.Context) error) (err error) {
+	ctx, span := startHook(ctx, ev, p, c)
+	defer tracing.Finish(span, &err)
+	return n.call(ctx, ev, call)
+}
+
+// call runs fn, a call into the library for hook ev, with the library's reports of
+// plugins routed to ctx's hook span.
+func (n *NRI) call(ctx context.Context, ev api.Event, fn func(context.Context) error) error {
+	ps := n.enter(ctx, ev)
+	defer n.leave(ps)
+	return fn(ctx)
 }
 
 // notify logs the error of an event whose failure does not fail the CRI call.

@@ -95,11 +95,11 @@ type testPlugin interface {
 	syncedWith() chan []*api.Container
 }
 
-// startPlugin connects p to n and waits until n has it among its plugins; it
-// returns the plugin's stub and the containers it was synchronized with.
-func startPlugin(t *testing.T, n *NRI, socket, name, idx string, p testPlugin) (stub.Stub, []*api.Container) {
+// startPlugin connects p, with the stub's opts, to n and waits until n has it among
+// its plugins; it returns the plugin's stub and the containers it was synchronized with.
+func startPlugin(t *testing.T, n *NRI, socket, name, idx string, p testPlugin, opts ...stub.Option) (stub.Stub, []*api.Container) {
 	t.Helper()
-	st, err := stub.New(p, stub.WithSocketPath(socket), stub.WithPluginName(name), stub.WithPluginIdx(idx))
+	st, err := stub.New(p, append([]stub.Option{stub.WithSocketPath(socket), stub.WithPluginName(name), stub.WithPluginIdx(idx)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
