@@ -149,7 +149,8 @@ func tracedPodStart(ctx context.Context, t *testing.T, e *env, recv *otlptest.Re
 		"controller.shim.start", "cri.container.rootfs", "cri.container.spec",
 		"containerd.runtime.sandbox.v1.Sandbox/CreateSandbox", "containerd.runtime.sandbox.v1.Sandbox/StartSandbox",
 		"containerd.task.v3.Task/Create", "containerd.task.v3.Task/Start", "shim.helper", "shim.container.exit",
-		"shim.pause.start", "shim.cgroup.apply",
+		"shim.pause.start", "shim.cgroup.apply", "cni.add", "cni.plugin", "image.pull", "image.layer.download",
+		"image.layer.unpack", "image.layer.commit",
 	}
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
