@@ -202,6 +202,19 @@ func (r *Receiver) WaitFor(ctx context.Context, ok func([]Span) bool) ([]Span, e
 	}
 }
 
+// labelKeys are the attributes that tell apart spans of one name (the plugin, the
+// helper's action, the hook): Tree shows the first a span has.
+var labelKeys = []string{"crisp.cni.plugin.type", "crisp.helper.action", "crisp.nri.plugin.name", "crisp.cni.command"}
+
+func label(s Span) string {
+	for _, k := range labelKeys {
+		if v := s.Attrs[k]; v != "" {
+			return " (" + v + ")"
+		}
+	}
+	return ""
+}
+
 // Tree renders spans as an indented tree (children under parents, by start time)
 // with durations: what a person reads in a test log or a closing note.
 func Tree(spans []Span) string {
@@ -225,7 +238,7 @@ func Tree(spans []Span) string {
 		if s.Failed {
 			status = " ERROR: " + s.Error
 		}
-		fmt.Fprintf(&b, "%s%s [%s] %.2f ms%s\n", strings.Repeat("  ", depth), s.Name, s.Service,
+		fmt.Fprintf(&b, "%s%s%s [%s] %.2f ms%s\n", strings.Repeat("  ", depth), s.Name, label(s), s.Service,
 			float64(s.Duration().Microseconds())/1000, status)
 		for _, c := range children[s.SpanID] {
 			walk(c, depth+1)
