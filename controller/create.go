@@ -267,7 +267,7 @@ func (c *Controller) startNetwork(ctx context.Context, sb *sandbox, spec Spec) (
 	n := &podNetwork{c: c, sb: sb, mode: networkMode(spec), done: make(chan struct{})}
 	t0 := time.Now()
 	if n.mode == netOwn {
-		_, span := tracing.Start(ctx, "controller.netns.create", attribute.String("crisp.sandbox.id", spec.ID))
+		_, span := tracing.Start(ctx, "controller.netns.create", tracing.AttrSandboxID.String(spec.ID))
 		path, err := netns.New(c.opts.netnsDir(), spec.ID)
 		if err != nil {
 			err = fmt.Errorf("create network namespace for pod %s: %w", spec.ID, err)
@@ -360,7 +360,7 @@ func checkPinned(id, path, want string) error {
 func (c *Controller) startPodShim(ctx context.Context, sb *sandbox, spec Spec, adopted bool) (retErr error) {
 	sctx, cancel := context.WithTimeout(ctx, c.opts.ShimStartTimeout)
 	defer cancel()
-	sctx, span := tracing.Start(sctx, "controller.shim.start", attribute.String("crisp.sandbox.id", spec.ID),
+	sctx, span := tracing.Start(sctx, "controller.shim.start", tracing.AttrSandboxID.String(spec.ID),
 		attribute.String("crisp.runtime_handler", spec.Handler), attribute.Bool("crisp.shim.warm_spare", adopted))
 	defer tracing.Finish(span, &retErr)
 	t0 := time.Now()

@@ -15,7 +15,6 @@ import (
 
 	"github.com/containerd/errdefs"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -214,7 +213,7 @@ func (s *Service) createContainer(ctx context.Context, p *pod, st *controller.St
 
 	// 2. The writable rootfs.
 	end := ph.start(metrics.CreatePhaseSnapshot)
-	_, span := tracing.Start(ctx, "cri.container.rootfs", attribute.String("crisp.container.id", id))
+	_, span := tracing.Start(ctx, "cri.container.rootfs", tracing.AttrContainerID.String(id))
 	snapMounts, err := s.images.PrepareRootfs(id, img)
 	tracing.End(span, err)
 	end()
@@ -257,7 +256,7 @@ func (s *Service) createContainer(ctx context.Context, p *pod, st *controller.St
 	if err != nil {
 		return "", err
 	}
-	_, span = tracing.Start(ctx, "cri.container.spec", attribute.String("crisp.container.id", id))
+	_, span = tracing.Start(ctx, "cri.container.spec", tracing.AttrContainerID.String(id))
 	res, err := s.generateSpec(id, specCfg, p, img, imgSpec, st, rootfs, ph, processLabel, mountLabel)
 	tracing.End(span, err)
 	if err != nil {

@@ -29,10 +29,10 @@ const (
 // Attribute keys. Kubernetes names use OpenTelemetry's semantic conventions; the rest
 // has no convention and is crisp's own.
 const (
-	attrSandboxID    = attribute.Key("crisp.sandbox.id")
-	attrPodName      = attribute.Key("k8s.pod.name")
-	attrPodNamespace = attribute.Key("k8s.namespace.name")
-	attrPodUID       = attribute.Key("k8s.pod.uid")
+	attrSandboxID    = tracing.AttrSandboxID
+	attrPodName      = tracing.AttrPodName
+	attrPodNamespace = tracing.AttrPodNamespace
+	attrPodUID       = tracing.AttrPodUID
 	attrNetwork      = attribute.Key("crisp.cni.network")
 	attrNetNS        = attribute.Key("crisp.cni.netns")
 	attrPlugins      = attribute.Key("crisp.cni.plugins")

@@ -40,11 +40,11 @@ const (
 // Attribute keys: Kubernetes names from OpenTelemetry's semantic conventions, the
 // rest crisp's own.
 const (
-	attrSandboxID     = attribute.Key("crisp.sandbox.id")
-	attrPodName       = attribute.Key("k8s.pod.name")
-	attrPodNamespace  = attribute.Key("k8s.namespace.name")
-	attrContainerID   = attribute.Key("crisp.container.id")
-	attrContainerName = attribute.Key("k8s.container.name")
+	attrSandboxID     = tracing.AttrSandboxID
+	attrPodName       = tracing.AttrPodName
+	attrPodNamespace  = tracing.AttrPodNamespace
+	attrContainerID   = tracing.AttrContainerID
+	attrContainerName = tracing.AttrContainerName
 	attrPlugins       = attribute.Key("crisp.nri.plugins")
 	attrValidators    = attribute.Key("crisp.nri.validators")
 	attrRejected      = attribute.Key("crisp.nri.rejected")

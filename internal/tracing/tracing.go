@@ -70,3 +70,15 @@ const (
 	// writes it into ttrpc metadata.
 	TraceparentHeader = "traceparent"
 )
+
+// Attribute keys that several layers put on their spans, so that one query finds a
+// pod's or a container's spans in criserver and in its shim: Kubernetes names from
+// OpenTelemetry's semantic conventions, crisp's ids its own.
+const (
+	AttrSandboxID     = attribute.Key("crisp.sandbox.id")
+	AttrContainerID   = attribute.Key("crisp.container.id")
+	AttrPodName       = attribute.Key("k8s.pod.name")
+	AttrPodNamespace  = attribute.Key("k8s.namespace.name")
+	AttrPodUID        = attribute.Key("k8s.pod.uid")
+	AttrContainerName = attribute.Key("k8s.container.name")
+)

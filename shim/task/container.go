@@ -357,7 +357,7 @@ func (c *container) exitSpan(at time.Time) trace.Span {
 		return noop.Span{}
 	}
 	_, span := parent.TracerProvider().Tracer(tracing.Scope).Start(trace.ContextWithSpan(context.Background(), parent),
-		"shim.container.exit", trace.WithTimestamp(at), trace.WithAttributes(attribute.String("crisp.container.id", c.id)))
+		"shim.container.exit", trace.WithTimestamp(at), trace.WithAttributes(tracing.AttrContainerID.String(c.id)))
 	return span
 }
 

@@ -130,7 +130,7 @@ const helperWaitDelay = 30 * time.Second
 // cancellable ctx sends the helper SIGTERM when it ends (checkpoint stops CRIU then);
 // other actions run to their end so that nothing is left half done.
 func (s *Service) runHelper(ctx context.Context, action string, req *helperRequest, files []*os.File) (_ *helperResponse, err error) {
-	ctx, span := tracing.Start(ctx, "shim.helper", attribute.String("crisp.helper.action", action), attribute.String("crisp.container.id", req.ID))
+	ctx, span := tracing.Start(ctx, "shim.helper", attribute.String("crisp.helper.action", action), tracing.AttrContainerID.String(req.ID))
 	defer tracing.Finish(span, &err)
 	req.Root = s.root
 	in, err := json.Marshal(req)

@@ -78,7 +78,7 @@ func New(sandboxID string, pid int, log *slog.Logger) *Recorder {
 	r := &Recorder{
 		resource: &resourcepb.Resource{Attributes: []*commonpb.KeyValue{
 			kv(attribute.Int("process.pid", pid)),
-			kv(attribute.String("crisp.sandbox.id", sandboxID)),
+			kv(tracing.AttrSandboxID.String(sandboxID)),
 		}},
 		log:  log,
 		wake: make(chan struct{}, 1),
