@@ -120,6 +120,14 @@ func runTracingCost(ctx context.Context, t *testing.T, root string, tmpl Spec, b
 
 	t.Logf("tracing cost: %d traced pod cycles on each of %d crisps (%v), interleaved", *cycles, len(ws), keys)
 	on := len(ws) - 1
+	// criserver's own CPU over the rounds: tracing's work in it (spans, the batch
+	// exporter, the relay) without the wall clock's noise from whatever else runs.
+	cpu0 := make([]time.Duration, len(ws))
+	for i, w := range ws {
+		if cpu0[i], err = CPUTime(w.D.Pid()); err != nil {
+			return err
+		}
+	}
 	runs := make([][]CycleTimes, len(ws))
 	var traced []string
 	for r := range *cycles {
@@ -137,6 +145,13 @@ func runTracingCost(ctx context.Context, t *testing.T, root string, tmpl Spec, b
 	}
 	if err := TracingResults(res, keys, runs); err != nil {
 		return err
+	}
+	for i, w := range ws {
+		c, err := CPUTime(w.D.Pid())
+		if err != nil {
+			return err
+		}
+		res.Ms("tracing_"+keys[i]+"_daemon_cpu_cycle", (c-cpu0[i])/time.Duration(*cycles))
 	}
 
 	// criserver exports every 5 s: wait until the traces stop growing.

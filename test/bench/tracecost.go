@@ -363,6 +363,15 @@ func WriteTracingTable(w io.Writer, res Results) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	var cpu []string
+	for _, v := range vs {
+		if c, ok := res["tracing_"+v.Key+"_daemon_cpu_cycle"]; ok {
+			cpu = append(cpu, fmt.Sprintf("%s %.2f", v.Key, c))
+		}
+	}
+	if len(cpu) > 0 {
+		fmt.Fprintf(w, "criserver's CPU (utime+stime) a timed cycle, ms: %s\n", strings.Join(cpu, ", "))
+	}
 	if s, ok := res["tracing_spans_per_cycle"]; ok {
 		fmt.Fprintf(w, "the receiver got %.1f spans a traced cycle (%.1f of them the shim's), %.0f in the fewest\n",
 			s, res["tracing_shim_spans_per_cycle"], res["tracing_spans_fewest"])

@@ -214,6 +214,7 @@ func TestWriteTracingTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	res["tracing_spans_per_cycle"], res["tracing_shim_spans_per_cycle"], res["tracing_spans_fewest"] = 25, 7, 24
+	res["tracing_base_daemon_cpu_cycle"], res["tracing_off_daemon_cpu_cycle"], res["tracing_on_daemon_cpu_cycle"] = 10, 10.5, 12.25
 	var ms []Mem
 	for range 2 {
 		ms = append(ms, Mem{PSS: 3000, USS: 2000})
@@ -255,7 +256,7 @@ func TestWriteTracingTable(t *testing.T) {
 			t.Errorf("row %q = %q, want %q\n%s", name, rows[name], want, out)
 		}
 	}
-	for _, s := range []string{"crisp 3 ways, 6 pod cycles each", "off against base, of on against off", "25.0 spans a traced cycle (7.0 of them the shim's), 24 in the fewest", "2 pods each", "heap_objects  heap_unused"} {
+	for _, s := range []string{"crisp 3 ways, 6 pod cycles each", "off against base, of on against off", "25.0 spans a traced cycle (7.0 of them the shim's), 24 in the fewest", "2 pods each", "heap_objects  heap_unused", "a timed cycle, ms: base 10.00, off 10.50, on 12.25"} {
 		if !strings.Contains(out, s) {
 			t.Errorf("table lacks %q:\n%s", s, out)
 		}
