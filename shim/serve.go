@@ -105,10 +105,10 @@ func Serve(ctx context.Context, f Flags, log *slog.Logger) error {
 			log.Warn("task events", "error", err)
 		}
 	}()
-	// Spans of traced calls go to criserver's relay; the last ones are sent once the
-	// server has stopped (defers run last first).
+	// Spans of traced calls go to criserver's relay (its sender starts with the first
+	// traced call); the last ones are sent once the server has stopped (defers run last
+	// first).
 	rec := recorder.New(f.ID, os.Getpid(), log)
-	rec.Start()
 	defer func() {
 		fctx, fcancel := context.WithTimeout(context.Background(), eventsFlushTimeout)
 		defer fcancel()

@@ -80,7 +80,6 @@ func TestRelayedTrace(t *testing.T) {
 				t.Fatal(err)
 			}
 			rec := recorder.New("pod1", 4242, quietLog())
-			rec.Start()
 			shim := shimServer(t, rec)
 
 			conn, err := net.Dial("unix", shim)
@@ -173,7 +172,6 @@ func TestUntracedCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := recorder.New("pod1", 1, quietLog())
-	rec.Start()
 	conn, err := net.Dial("unix", shimServer(t, rec))
 	if err != nil {
 		t.Fatal(err)

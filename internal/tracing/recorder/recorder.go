@@ -31,9 +31,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/embedded"
-	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
-	resourcepb "go.opentelemetry.io/proto/otlp/resource/v1"
-	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/crisp-runtime/crisp/internal/tracing"
@@ -51,17 +49,19 @@ const (
 	relayTimeout = 5 * time.Second
 )
 
-// Recorder is the shim's TracerProvider. Start its sender once with Start and stop it
-// once with Close.
+// Recorder is the shim's TracerProvider. Its sender goroutine starts with the first
+// traced call (a shim that is never traced runs none) and stops with Close.
 type Recorder struct {
 	embedded.TracerProvider
 	tracer   *tracer
-	resource *resourcepb.Resource
+	resource []attribute.KeyValue
 	log      *slog.Logger
 
 	mu      sync.Mutex
+	started bool
+	closed  bool
 	relay   string
-	buf     []*tracepb.Span
+	buf     [][]byte // encoded Span messages
 	dropped uint64
 
 	wake chan struct{}
@@ -76,14 +76,11 @@ type Recorder struct {
 // New returns the recorder of the shim of pod sandboxID.
 func New(sandboxID string, pid int, log *slog.Logger) *Recorder {
 	r := &Recorder{
-		resource: &resourcepb.Resource{Attributes: []*commonpb.KeyValue{
-			kv(attribute.Int("process.pid", pid)),
-			kv(tracing.AttrSandboxID.String(sandboxID)),
-		}},
-		log:  log,
-		wake: make(chan struct{}, 1),
-		stop: make(chan struct{}),
-		done: make(chan struct{}),
+		resource: []attribute.KeyValue{attribute.Int("process.pid", pid), tracing.AttrSandboxID.String(sandboxID)},
+		log:      log,
+		wake:     make(chan struct{}, 1),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
 	}
 	r.tracer = &tracer{rec: r}
 	return r
@@ -92,11 +89,16 @@ func New(sandboxID string, pid int, log *slog.Logger) *Recorder {
 // Tracer returns the recorder's tracer (one for every scope: the shim has one).
 func (r *Recorder) Tracer(string, ...trace.TracerOption) trace.Tracer { return r.tracer }
 
-// Start starts the goroutine that relays finished spans.
-func (r *Recorder) Start() { go r.send() }
-
-// Close relays what is left, within ctx, and stops the sender.
+// Close relays what is left, within ctx, and stops the sender; spans ended later are
+// dropped.
 func (r *Recorder) Close(ctx context.Context) {
+	r.mu.Lock()
+	started := r.started
+	r.closed = true
+	r.mu.Unlock()
+	if !started {
+		return
+	}
 	close(r.stop)
 	select {
 	case <-r.done:
@@ -130,16 +132,22 @@ func (r *Recorder) ServerInterceptor() ttrpc.UnaryServerInterceptor {
 	}
 }
 
+// setRelay records where spans go and starts the sender, once, unless the recorder
+// is closed already.
 func (r *Recorder) setRelay(path string) {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.relay = path
-	r.mu.Unlock()
+	if !r.started && !r.closed {
+		r.started = true
+		go r.send()
+	}
 }
 
 // finish queues a finished span for the relay.
-func (r *Recorder) finish(s *tracepb.Span) {
+func (r *Recorder) finish(s []byte) {
 	r.mu.Lock()
-	if len(r.buf) >= maxBuffered {
+	if r.closed || len(r.buf) >= maxBuffered {
 		r.dropped++
 		r.mu.Unlock()
 		return
@@ -192,10 +200,7 @@ func (r *Recorder) flush() {
 	if len(spans) == 0 || relay == "" {
 		return
 	}
-	data := &tracepb.TracesData{ResourceSpans: []*tracepb.ResourceSpans{{
-		Resource:   r.resource,
-		ScopeSpans: []*tracepb.ScopeSpans{{Scope: &commonpb.InstrumentationScope{Name: tracing.Scope}, Spans: spans}},
-	}}}
+	data := encodeTracesData(r.resource, tracing.Scope, spans)
 	ctx, cancel := context.WithTimeout(context.Background(), relayTimeout)
 	defer cancel()
 	if err := r.call(ctx, relay, data); err != nil {
@@ -203,7 +208,7 @@ func (r *Recorder) flush() {
 	}
 }
 
-func (r *Recorder) call(ctx context.Context, relay string, data *tracepb.TracesData) error {
+func (r *Recorder) call(ctx context.Context, relay string, data []byte) error {
 	if r.client != nil && r.clientPath != relay {
 		_ = r.client.Close()
 		r.client = nil
@@ -216,7 +221,11 @@ func (r *Recorder) call(ctx context.Context, relay string, data *tracepb.TracesD
 		}
 		r.client, r.clientPath = ttrpc.NewClient(conn), relay
 	}
-	err := r.client.Call(ctx, tracing.RelayService, tracing.RelayMethod, data, &emptypb.Empty{})
+	// ttrpc marshals proto messages only: the encoded TracesData rides as the unknown
+	// fields of an Empty, which marshals them verbatim, so the relay reads a TracesData.
+	req := &emptypb.Empty{}
+	req.ProtoReflect().SetUnknown(protoreflect.RawFields(data))
+	err := r.client.Call(ctx, tracing.RelayService, tracing.RelayMethod, req, &emptypb.Empty{})
 	if err != nil {
 		// Dial afresh next time: criserver may have restarted behind the same path.
 		_ = r.client.Close()
@@ -397,85 +406,7 @@ func (s *span) End(opts ...trace.SpanEndOption) {
 		return
 	}
 	s.ended = true
-	out := s.proto(end)
+	out := s.encode(uint64(end.UnixNano()))
 	s.mu.Unlock()
 	s.rec.finish(out)
-}
-
-// proto is the span as OTLP carries it; s.mu is held.
-func (s *span) proto(end time.Time) *tracepb.Span {
-	tid, sid, pid := s.sc.TraceID(), s.sc.SpanID(), s.parent
-	out := &tracepb.Span{
-		TraceId:           tid[:],
-		SpanId:            sid[:],
-		ParentSpanId:      pid[:],
-		TraceState:        s.sc.TraceState().String(),
-		Name:              s.name,
-		Kind:              tracepb.Span_SpanKind(s.kind),
-		StartTimeUnixNano: uint64(s.start.UnixNano()),
-		EndTimeUnixNano:   uint64(end.UnixNano()),
-		Attributes:        kvs(s.attrs),
-		Flags:             uint32(s.sc.TraceFlags()),
-	}
-	for _, e := range s.events {
-		out.Events = append(out.Events, &tracepb.Span_Event{TimeUnixNano: uint64(e.at.UnixNano()), Name: e.name, Attributes: kvs(e.attrs)})
-	}
-	switch s.status {
-	case codes.Error:
-		out.Status = &tracepb.Status{Code: tracepb.Status_STATUS_CODE_ERROR, Message: s.desc}
-	case codes.Ok:
-		out.Status = &tracepb.Status{Code: tracepb.Status_STATUS_CODE_OK}
-	}
-	return out
-}
-
-func kvs(in []attribute.KeyValue) []*commonpb.KeyValue {
-	out := make([]*commonpb.KeyValue, 0, len(in))
-	for _, a := range in {
-		if a.Valid() {
-			out = append(out, kv(a))
-		}
-	}
-	return out
-}
-
-func kv(a attribute.KeyValue) *commonpb.KeyValue {
-	return &commonpb.KeyValue{Key: string(a.Key), Value: anyValue(a.Value)}
-}
-
-func anyValue(v attribute.Value) *commonpb.AnyValue {
-	switch v.Type() {
-	case attribute.BOOL:
-		return &commonpb.AnyValue{Value: &commonpb.AnyValue_BoolValue{BoolValue: v.AsBool()}}
-	case attribute.INT64:
-		return &commonpb.AnyValue{Value: &commonpb.AnyValue_IntValue{IntValue: v.AsInt64()}}
-	case attribute.FLOAT64:
-		return &commonpb.AnyValue{Value: &commonpb.AnyValue_DoubleValue{DoubleValue: v.AsFloat64()}}
-	case attribute.BOOLSLICE, attribute.INT64SLICE, attribute.FLOAT64SLICE, attribute.STRINGSLICE:
-		return &commonpb.AnyValue{Value: &commonpb.AnyValue_ArrayValue{ArrayValue: arrayValue(v)}}
-	}
-	return &commonpb.AnyValue{Value: &commonpb.AnyValue_StringValue{StringValue: v.String()}}
-}
-
-func arrayValue(v attribute.Value) *commonpb.ArrayValue {
-	var out []*commonpb.AnyValue
-	switch v.Type() {
-	case attribute.BOOLSLICE:
-		for _, b := range v.AsBoolSlice() {
-			out = append(out, anyValue(attribute.BoolValue(b)))
-		}
-	case attribute.INT64SLICE:
-		for _, i := range v.AsInt64Slice() {
-			out = append(out, anyValue(attribute.Int64Value(i)))
-		}
-	case attribute.FLOAT64SLICE:
-		for _, f := range v.AsFloat64Slice() {
-			out = append(out, anyValue(attribute.Float64Value(f)))
-		}
-	case attribute.STRINGSLICE:
-		for _, s := range v.AsStringSlice() {
-			out = append(out, anyValue(attribute.StringValue(s)))
-		}
-	}
-	return &commonpb.ArrayValue{Values: out}
 }
