@@ -16,6 +16,7 @@ import (
 
 	"github.com/crisp-runtime/crisp/internal/image/imagetest"
 	"github.com/crisp-runtime/crisp/internal/image/remote"
+	"github.com/crisp-runtime/crisp/internal/tracing/tracingtest"
 )
 
 // Attributes the tree renderings show (remote's keys, spelled out: they are its own).
@@ -62,14 +63,14 @@ func TestTracePull(t *testing.T) {
 	pushed, layers := twoLayers(t)
 	imagetest.Push(t, host, "traced:v1", pushed)
 	id := imagetest.ConfigDigest(t, pushed).String()
-	tr := imagetest.NewTracer(t)
+	tr := tracingtest.NewTracer(t)
 	ctx, root := tr.Root("kubelet")
 	img, err := f.svc.Pull(ctx, host+"/traced:v1", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	root.End()
-	if got := tr.Tree(root, keyLayerIndex); got != fullPull {
+	if got := tr.Tree(root, tracingtest.Sorted(), tracingtest.Keys(keyLayerIndex)); got != fullPull {
 		t.Fatalf("span tree:\n%s\nwant:\n%s", got, fullPull)
 	}
 	spans := tr.Spans(root)
@@ -83,33 +84,33 @@ func TestTracePull(t *testing.T) {
 			for k, want := range map[attribute.Key]string{
 				attrRef: host + "/traced:v1", attrImageID: id, attrManifestDigest: img.ManifestDigest.String(), attrLayers: "2",
 			} {
-				if got, _ := imagetest.Attr(s, k); got != want {
+				if got := tracingtest.Attr(s, k); got != want {
 					t.Errorf("image.pull %s = %q, want %q", k, got, want)
 				}
 			}
-			if got, _ := imagetest.Attr(s, attrDownloaded); got == "0" || got == "" {
+			if got := tracingtest.Attr(s, attrDownloaded); got == "0" || got == "" {
 				t.Errorf("image.pull downloaded %q bytes", got)
 			}
 		case "image.layer.download", spanUnpack, spanCommit:
 			// Each names the layer of the image.layer it is under.
 			parent := byID[s.Parent().SpanID().String()]
-			i, _ := imagetest.Attr(parent, keyLayerIndex)
+			i := tracingtest.Attr(parent, keyLayerIndex)
 			want := layers[map[string]int{"0": 0, "1": 1}[i]].String()
 			key := attrLayerDigest
 			if s.Name() == "image.layer.download" {
 				key = keyBlobDigest
 			}
-			if got, _ := imagetest.Attr(s, key); got != want {
+			if got := tracingtest.Attr(s, key); got != want {
 				t.Errorf("%s under layer %s: %s = %q, want %q", s.Name(), i, key, got, want)
 			}
 			if s.Name() == "image.layer.download" {
-				size, _ := imagetest.Attr(parent, "crisp.image.layer.size")
-				if got, _ := imagetest.Attr(s, keyBytesRead); got != size || size == "" {
+				size := tracingtest.Attr(parent, "crisp.image.layer.size")
+				if got := tracingtest.Attr(s, keyBytesRead); got != size || size == "" {
 					t.Errorf("download of layer %s read %s bytes, the layer has %s", i, got, size)
 				}
 			}
 			if s.Name() == spanUnpack {
-				if got, _ := imagetest.Attr(s, attrStreamed); got != "true" {
+				if got := tracingtest.Attr(s, attrStreamed); got != "true" {
 					t.Errorf("unpack of layer %s: streamed = %q", i, got)
 				}
 			}
@@ -131,7 +132,7 @@ func TestTracePull(t *testing.T) {
   image.resolve
   image.sync
 `
-	if got := tr.Tree(root, keyLayerIndex, attrSnapshotExists); got != want {
+	if got := tr.Tree(root, tracingtest.Sorted(), tracingtest.Keys(keyLayerIndex, attrSnapshotExists)); got != want {
 		t.Errorf("span tree of a pull of a stored image:\n%s\nwant:\n%s", got, want)
 	}
 
@@ -145,7 +146,7 @@ func TestTracePull(t *testing.T) {
 	want = `image.remove
   image.gc crisp.image.gc.blobs=4 crisp.image.gc.snapshots=2
 `
-	if got := tr.Tree(root, attrFreedBlobs, attrFreedSnapshots); got != want {
+	if got := tr.Tree(root, tracingtest.Sorted(), tracingtest.Keys(attrFreedBlobs, attrFreedSnapshots)); got != want {
 		t.Errorf("span tree of a removal:\n%s\nwant:\n%s", got, want)
 	}
 }
@@ -160,44 +161,13 @@ func TestTraceSharedPull(t *testing.T) {
 	host := imagetest.StartRegistry(t, imagetest.WithStalledBlobs(imagetest.Blobs(layers...), 1024, stall))
 	imagetest.Push(t, host, "shared:v1", img)
 	t.Cleanup(stall.Release)
-	tr := imagetest.NewTracer(t)
+	tr := tracingtest.NewTracer(t)
 
-	ctxA, rootA := tr.Root("first")
-	errA := make(chan error, 1)
-	go func() {
-		_, err := f.svc.Pull(ctxA, host+"/shared:v1", nil)
-		errA <- err
-	}()
-	for range layers {
-		select {
-		case <-stall.Stalled():
-		case <-time.After(10 * time.Second):
-			t.Fatal("the first pull did not start both downloads")
-		}
-	}
-	ctxB, rootB := tr.Root("second")
-	errB := make(chan error, 1)
-	go func() {
-		_, err := f.svc.Pull(ctxB, host+"/shared:v1", nil)
-		errB <- err
-	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for tr.Started(rootB, "image.pull.wait") < len(layers) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the second pull started %d waits", tr.Started(rootB, "image.pull.wait"))
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	stall.Release()
-	if err := <-errA; err != nil {
-		t.Fatal(err)
-	}
-	if err := <-errB; err != nil {
-		t.Fatal(err)
-	}
-	rootA.End()
-	rootB.End()
-	if got := tr.Tree(rootA, keyLayerIndex); got != fullPull {
+	rootA, rootB := imagetest.PullTwice(t, tr, stall, len(layers), "image.pull.wait", func(ctx context.Context) error {
+		_, err := f.svc.Pull(ctx, host+"/shared:v1", nil)
+		return err
+	})
+	if got := tr.Tree(rootA, tracingtest.Sorted(), tracingtest.Keys(keyLayerIndex)); got != fullPull {
 		t.Errorf("span tree of the pull that downloaded:\n%s\nwant:\n%s", got, fullPull)
 	}
 	want := `image.pull
@@ -211,7 +181,7 @@ func TestTraceSharedPull(t *testing.T) {
   image.resolve
   image.sync
 `
-	if got := tr.Tree(rootB, keyLayerIndex, attrSnapshotExists, keyWaitFor); got != want {
+	if got := tr.Tree(rootB, tracingtest.Sorted(), tracingtest.Keys(keyLayerIndex, attrSnapshotExists, keyWaitFor)); got != want {
 		t.Errorf("span tree of the pull that waited:\n%s\nwant:\n%s", got, want)
 	}
 }
@@ -231,7 +201,7 @@ func TestTraceStalledPull(t *testing.T) {
 	t.Cleanup(stall.Release)
 	host := imagetest.StartRegistry(t, imagetest.WithStalledBlobs(imagetest.Blobs(imagetest.Digest(t, layer)), 1000, stall))
 	imagetest.Push(t, host, "stalled:v1", img)
-	tr := imagetest.NewTracer(t)
+	tr := tracingtest.NewTracer(t)
 	ctx, root := tr.Root("kubelet")
 	if _, err := svc.Pull(ctx, host+"/stalled:v1", nil); err == nil {
 		t.Fatal("a stalled pull succeeded")
@@ -247,7 +217,7 @@ func TestTraceStalledPull(t *testing.T) {
   image.manifest
   image.resolve
 `
-	if got := tr.Tree(root); got != want {
+	if got := tr.Tree(root, tracingtest.Sorted()); got != want {
 		t.Errorf("span tree:\n%s\nwant:\n%s", got, want)
 	}
 	for _, s := range tr.Spans(root) {
@@ -264,7 +234,7 @@ func TestTraceUntracedPull(t *testing.T) {
 	host := imagetest.StartRegistry(t)
 	img, _ := twoLayers(t)
 	imagetest.Push(t, host, "untraced:v1", img)
-	tr := imagetest.NewTracer(t)
+	tr := tracingtest.NewTracer(t)
 	_, root := tr.Root("unrelated")
 	if _, err := f.svc.Pull(context.Background(), host+"/untraced:v1", nil); err != nil {
 		t.Fatal(err)

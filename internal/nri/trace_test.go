@@ -3,7 +3,6 @@ package nri
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -14,13 +13,12 @@ import (
 	"github.com/containerd/otelttrpc"
 	"github.com/containerd/ttrpc"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/crisp-runtime/crisp/internal/config"
+	"github.com/crisp-runtime/crisp/internal/tracing/tracingtest"
 )
 
 // tracedPlugin adjusts (or not) at CreateContainer, refuses StartContainer if told,
@@ -60,67 +58,16 @@ func (p *tracedPlugin) seen() []string {
 	return slices.Clone(p.traceparents)
 }
 
-// testTracer records the spans of an SDK provider.
-type testTracer struct {
-	tp  *sdktrace.TracerProvider
-	rec *tracetest.SpanRecorder
-}
-
-func newTestTracer(t *testing.T) *testTracer {
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	return &testTracer{tp: tp, rec: rec}
-}
-
-// pluginTracing makes a test plugin trace its calls with the test's provider: a
-// server span joining the trace context the call carries.
-func (tt *testTracer) pluginTracing() stub.Option {
+// pluginTracing makes a test plugin trace its calls with tr's provider: a server span
+// joining the trace context the call carries.
+func pluginTracing(tr *tracingtest.Tracer) stub.Option {
 	return stub.WithTTRPCOptions(nil, []ttrpc.ServerOpt{ttrpc.WithUnaryServerInterceptor(otelttrpc.UnaryServerInterceptor(
-		otelttrpc.WithTracerProvider(tt.tp), otelttrpc.WithPropagators(propagation.TraceContext{})))})
+		otelttrpc.WithTracerProvider(tr.Provider()), otelttrpc.WithPropagators(propagation.TraceContext{})))})
 }
 
-// tree renders crisp's spans under root in the order they started, one a line,
-// indented by depth, with the values of keys and ERROR for an error status.
-func (tt *testTracer) tree(root trace.Span, keys ...attribute.Key) string {
-	spans := tt.rec.Ended()
-	var b strings.Builder
-	var walk func(parent trace.SpanID, depth int)
-	walk = func(parent trace.SpanID, depth int) {
-		var kids []sdktrace.ReadOnlySpan
-		for _, s := range spans {
-			// crisp's own spans; the ttrpc client and server spans are checked apart.
-			if s.Parent().SpanID() == parent && s.SpanKind() == trace.SpanKindInternal {
-				kids = append(kids, s)
-			}
-		}
-		slices.SortStableFunc(kids, func(a, b sdktrace.ReadOnlySpan) int { return a.StartTime().Compare(b.StartTime()) })
-		for _, s := range kids {
-			b.WriteString(strings.Repeat("  ", depth) + s.Name())
-			for _, k := range keys {
-				for _, a := range s.Attributes() {
-					if a.Key == k {
-						fmt.Fprintf(&b, " %s=%s", k, a.Value.String())
-					}
-				}
-			}
-			if s.Status().Code == codes.Error {
-				b.WriteString(" ERROR")
-			}
-			b.WriteString("\n")
-			walk(s.SpanContext().SpanID(), depth+1)
-		}
-	}
-	walk(root.SpanContext().SpanID(), 0)
-	return b.String()
-}
-
-func (tt *testTracer) check(t *testing.T, root trace.Span, want string, keys ...attribute.Key) {
-	t.Helper()
-	if got := tt.tree(root, keys...); got != strings.TrimLeft(want, "\n") {
-		t.Errorf("span tree:\n%s\nwant:\n%s", got, strings.TrimLeft(want, "\n"))
-	}
-}
+// crispSpans keeps crisp's own spans in a tree; the ttrpc client and server spans are
+// checked apart.
+var crispSpans = tracingtest.Only(func(s sdktrace.ReadOnlySpan) bool { return s.SpanKind() == trace.SpanKindInternal })
 
 func tracedContainer(id string) Container {
 	return Container{ID: id, PodID: "p", Name: id, Spec: testSpec()}
@@ -130,15 +77,15 @@ func tracedContainer(id string) Container {
 // library called them, each with what it asked for; the call to each plugin carries
 // the trace context, so a plugin that traces joins the trace under the hook.
 func TestTraceHooks(t *testing.T) {
-	tt := newTestTracer(t)
+	tr := tracingtest.NewTracer(t)
 	cfg := testConfig(t)
 	n := startNRI(t, cfg, newTestRuntime())
 	first := &tracedPlugin{syncer: newSyncer(), adjust: true}
 	second := &tracedPlugin{syncer: newSyncer(), failStart: true}
 	startPlugin(t, n, cfg.SocketPath, "first", "10", first)
-	startPlugin(t, n, cfg.SocketPath, "second", "20", second, tt.pluginTracing())
+	startPlugin(t, n, cfg.SocketPath, "second", "20", second, pluginTracing(tr))
 
-	ctx, root := tt.tp.Tracer("test").Start(context.Background(), "kubelet")
+	ctx, root := tr.Root("kubelet")
 	pod := Pod{ID: "p", Name: "pod", Namespace: "ns"}
 	if _, err := n.CreateContainer(ctx, pod, tracedContainer("c")); err != nil {
 		t.Fatal(err)
@@ -147,28 +94,23 @@ func TestTraceHooks(t *testing.T) {
 		t.Fatal("StartContainer refused by a plugin succeeded")
 	}
 	root.End()
-	tt.check(t, root, `
+	tr.Check(t, root, `
 nri.create_container crisp.nri.plugins=2 crisp.nri.adjustments=2 crisp.nri.rejected=false
   nri.plugin crisp.nri.plugin.name=10-first crisp.nri.plugin.index=10 crisp.nri.hook=CreateContainer crisp.nri.adjustments=2
   nri.plugin crisp.nri.plugin.name=20-second crisp.nri.plugin.index=20 crisp.nri.hook=CreateContainer crisp.nri.adjustments=0
 nri.start_container crisp.nri.plugins=2 ERROR
   nri.plugin crisp.nri.plugin.name=10-first crisp.nri.plugin.index=10 crisp.nri.hook=StartContainer
   nri.plugin crisp.nri.plugin.name=20-second crisp.nri.plugin.index=20 crisp.nri.hook=StartContainer ERROR
-`, attrPlugins, attrPluginName, attrPluginIndex, attrHook, attrAdjustments, attrRejected)
+`, crispSpans, tracingtest.Keys(attrPlugins, attrPluginName, attrPluginIndex, attrHook, attrAdjustments, attrRejected))
 
 	// The hook's span names the pod and container; each plugin's span lies within it.
-	var create sdktrace.ReadOnlySpan
-	for _, s := range tt.rec.Ended() {
-		if s.Name() == "nri.create_container" {
-			create = s
-		}
-	}
+	create := tr.Find(t, root, "nri.create_container")
 	for k, want := range map[attribute.Key]string{attrSandboxID: "p", attrPodName: "pod", attrPodNamespace: "ns", attrContainerID: "c", attrContainerName: "c"} {
-		if got := attrValue(create, k); got != want {
+		if got := tracingtest.Attr(create, k); got != want {
 			t.Errorf("nri.create_container %s = %q, want %q", k, got, want)
 		}
 	}
-	for _, s := range tt.rec.Ended() {
+	for _, s := range tr.Ended() {
 		if s.Name() == spanPlugin && s.Parent().SpanID() == create.SpanContext().SpanID() &&
 			(s.StartTime().Before(create.StartTime()) || s.EndTime().After(create.EndTime())) {
 			t.Errorf("plugin span %s–%s outside its hook's %s–%s", s.StartTime(), s.EndTime(), create.StartTime(), create.EndTime())
@@ -183,11 +125,11 @@ nri.start_container crisp.nri.plugins=2 ERROR
 		}
 	}
 	byID := map[trace.SpanID]sdktrace.ReadOnlySpan{}
-	for _, s := range tt.rec.Ended() {
+	for _, s := range tr.Ended() {
 		byID[s.SpanContext().SpanID()] = s
 	}
 	servers := 0
-	for _, s := range tt.rec.Ended() {
+	for _, s := range tr.Ended() {
 		if s.SpanKind() != trace.SpanKindServer || !strings.HasSuffix(s.Name(), "/CreateContainer") {
 			continue
 		}
@@ -206,34 +148,31 @@ nri.start_container crisp.nri.plugins=2 ERROR
 // validator included; its refusal fails the create's span. The library reports a
 // validator's answer, not its verdict, so the validator's own span has no error.
 func TestTraceValidation(t *testing.T) {
-	tt := newTestTracer(t)
+	tr := tracingtest.NewTracer(t)
 	cfg := testConfig(t)
 	cfg.DefaultValidator = config.NRIValidatorConfig{Enable: true, RejectOCIHookAdjustment: true}
 	n := startNRI(t, cfg, newTestRuntime())
 	startPlugin(t, n, cfg.SocketPath, "hooker", "10", &adjustBy{syncer: newSyncer(), adj: addHook})
-	ctx, root := tt.tp.Tracer("test").Start(context.Background(), "kubelet")
+	ctx, root := tr.Root("kubelet")
 	if _, err := n.CreateContainer(ctx, Pod{ID: "p"}, tracedContainer("c")); err == nil {
 		t.Fatal("a refused adjustment succeeded")
 	}
 	root.End()
-	got := tt.tree(root, attrPluginName, attrHook, attrAdjustments, attrRejected, attrValidators)
-	want := `nri.create_container crisp.nri.adjustments=0 crisp.nri.rejected=true crisp.nri.validators=1 ERROR
+	tr.Check(t, root, `
+nri.create_container crisp.nri.adjustments=0 crisp.nri.rejected=true crisp.nri.validators=1 ERROR
   nri.plugin crisp.nri.plugin.name=10-hooker crisp.nri.hook=CreateContainer crisp.nri.adjustments=1
   nri.plugin crisp.nri.plugin.name=00-default-validator crisp.nri.hook=ValidateContainerAdjustment
-`
-	if got != want {
-		t.Errorf("span tree:\n%s\nwant:\n%s", got, want)
-	}
+`, crispSpans, tracingtest.Keys(attrPluginName, attrHook, attrAdjustments, attrRejected, attrValidators))
 }
 
 // TestTraceUntraced: without a span in the context hooks work, nothing is recorded and
 // no trace context goes to plugins.
 func TestTraceUntraced(t *testing.T) {
-	tt := newTestTracer(t)
+	tr := tracingtest.NewTracer(t)
 	cfg := testConfig(t)
 	n := startNRI(t, cfg, newTestRuntime())
 	p := &tracedPlugin{syncer: newSyncer(), adjust: true}
-	startPlugin(t, n, cfg.SocketPath, "plain", "10", p, tt.pluginTracing())
+	startPlugin(t, n, cfg.SocketPath, "plain", "10", p, pluginTracing(tr))
 	ctx := context.Background()
 	pod := Pod{ID: "p"}
 	if _, err := n.CreateContainer(ctx, pod, tracedContainer("c")); err != nil {
@@ -244,7 +183,7 @@ func TestTraceUntraced(t *testing.T) {
 	}
 	n.RemoveContainer(ctx, pod, tracedContainer("c"))
 	// The plugin's own server spans are roots of their own: no context came with the calls.
-	for _, s := range tt.rec.Ended() {
+	for _, s := range tr.Ended() {
 		if s.SpanKind() != trace.SpanKindServer || s.Parent().IsValid() {
 			t.Errorf("untraced hooks recorded %s (kind %v, parent %v)", s.Name(), s.SpanKind(), s.Parent().SpanID())
 		}
@@ -255,13 +194,4 @@ func TestTraceUntraced(t *testing.T) {
 	if n.cur.Load() != nil {
 		t.Error("a hook is still routed after the calls ended")
 	}
-}
-
-func attrValue(s sdktrace.ReadOnlySpan, k attribute.Key) string {
-	for _, a := range s.Attributes() {
-		if a.Key == k {
-			return a.Value.String()
-		}
-	}
-	return ""
 }

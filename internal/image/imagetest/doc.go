@@ -4,8 +4,8 @@
 // request counting, builds layers from in-memory tar entries (files, directories,
 // symlinks, hard links, whiteouts, opaque directories; gzip, zstd or uncompressed;
 // OCI or Docker media types), images and multi-platform indexes, a busybox image from
-// Debian's busybox-static, and pushes them; and it records the spans of a pull
-// (Tracer) for the tracing tests.
+// Debian's busybox-static, and pushes them; and it runs two pulls at once, the second
+// finding the first's downloads under way (PullTwice), for the tracing tests.
 //
 // It is an ordinary package so that any package's tests can import it; production
 // code must not.

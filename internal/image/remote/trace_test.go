@@ -1,15 +1,16 @@
 package remote
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"go.opentelemetry.io/otel/codes"
 
 	"github.com/crisp-runtime/crisp/internal/image/imagetest"
 	"github.com/crisp-runtime/crisp/internal/image/sigpolicy"
+	"github.com/crisp-runtime/crisp/internal/tracing/tracingtest"
 )
 
 // pulledTree is what a pull of a two-layer image that downloads everything records
@@ -40,14 +41,14 @@ server = "http://%s"
   capabilities = ["pull", "resolve"]
 `, reg, imagetest.ClosedAddr(t)))
 	p, _ := newPuller(t, Config{HostsDir: root})
-	tr := imagetest.NewTracer(t)
+	tr := tracingtest.NewTracer(t)
 	ctx, span := tr.Root("kubelet")
 	if _, err := p.Pull(ctx, reg+"/team/app:v1", nil); err != nil {
 		t.Fatal(err)
 	}
 	span.End()
 	want := pulledTree(" crisp.image.mirror=false") + "image.resolve crisp.image.mirror=true ERROR\n"
-	if got := tr.Tree(span, attrLayerIndex, attrMirror); got != want {
+	if got := tr.Tree(span, tracingtest.Sorted(), tracingtest.Keys(attrLayerIndex, attrMirror)); got != want {
 		t.Errorf("span tree:\n%s\nwant:\n%s", got, want)
 	}
 	self, _ := tr.Self(span)
@@ -56,8 +57,8 @@ server = "http://%s"
 	}
 	for _, s := range tr.Spans(span) {
 		if s.Name() == spanResolve {
-			host, _ := imagetest.Attr(s, attrServerAddress)
-			port, _ := imagetest.Attr(s, attrServerPort)
+			host := tracingtest.Attr(s, attrServerAddress)
+			port := tracingtest.Attr(s, attrServerPort)
 			if host != "127.0.0.1" || port == "" {
 				t.Errorf("image.resolve at %s port %s", host, port)
 			}
@@ -81,19 +82,19 @@ server = "http://%s"
   capabilities = ["pull"]
 `, upstream, mirror))
 	p, _ := newPuller(t, Config{HostsDir: root})
-	tr := imagetest.NewTracer(t)
+	tr := tracingtest.NewTracer(t)
 	ctx, span := tr.Root("kubelet")
 	if _, err := p.Pull(ctx, upstream+"/team/app:v1", nil); err != nil {
 		t.Fatal(err)
 	}
 	span.End()
 	want := pulledTree(" crisp.image.mirror=true") + "image.resolve.tag crisp.image.mirror=false\n"
-	if got := tr.Tree(span, attrLayerIndex, attrMirror); got != want {
+	if got := tr.Tree(span, tracingtest.Sorted(), tracingtest.Keys(attrLayerIndex, attrMirror)); got != want {
 		t.Errorf("span tree:\n%s\nwant:\n%s", got, want)
 	}
 	for _, s := range tr.Spans(span) {
 		if s.Name() == spanResolveTag {
-			if got, _ := imagetest.Attr(s, attrDigest); got != d.String() {
+			if got := tracingtest.Attr(s, attrDigest); got != d.String() {
 				t.Errorf("image.resolve.tag digest %s, want %s", got, d)
 			}
 		}
@@ -112,7 +113,7 @@ func TestTraceSignaturePolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	p, _ := newPuller(t, Config{Policy: pol})
-	tr := imagetest.NewTracer(t)
+	tr := tracingtest.NewTracer(t)
 
 	ctx, span := tr.Root("refused")
 	if _, err := p.Pull(ctx, reg+"/closed/app:v1", nil); err == nil {
@@ -122,12 +123,12 @@ func TestTraceSignaturePolicy(t *testing.T) {
 	want := `image.resolve
 image.verify crisp.image.policy.admitted=false ERROR
 `
-	if got := tr.Tree(span, attrAdmitted); got != want {
+	if got := tr.Tree(span, tracingtest.Sorted(), tracingtest.Keys(attrAdmitted)); got != want {
 		t.Errorf("span tree of a refused pull:\n%s\nwant:\n%s", got, want)
 	}
 	for _, s := range tr.Spans(span) {
 		if s.Name() == spanVerify {
-			if req, _ := imagetest.Attr(s, attrRequirement); !strings.Contains(req, "reject") {
+			if req := tracingtest.Attr(s, attrRequirement); !strings.Contains(req, "reject") {
 				t.Errorf("image.verify requirement %q", req)
 			}
 			if s.Status().Code != codes.Error || !strings.Contains(s.Status().Description, "reject") {
@@ -142,7 +143,7 @@ image.verify crisp.image.policy.admitted=false ERROR
 	}
 	span.End()
 	want = pulledTree("") + "image.verify crisp.image.policy.admitted=true\n"
-	if got := tr.Tree(span, attrLayerIndex, attrAdmitted); got != want {
+	if got := tr.Tree(span, tracingtest.Sorted(), tracingtest.Keys(attrLayerIndex, attrAdmitted)); got != want {
 		t.Errorf("span tree of an admitted pull:\n%s\nwant:\n%s", got, want)
 	}
 }
@@ -157,44 +158,13 @@ func TestTraceSharedDownload(t *testing.T) {
 	reg := imagetest.StartRegistry(t, imagetest.WithStalledBlobs(imagetest.Blobs(layers...), 16, stall))
 	imagetest.Push(t, reg, "team/app:v1", img)
 	p, _ := newPuller(t, Config{})
-	tr := imagetest.NewTracer(t)
+	tr := tracingtest.NewTracer(t)
 
-	ctxA, rootA := tr.Root("first")
-	errA := make(chan error, 1)
-	go func() {
-		_, err := p.Pull(ctxA, reg+"/team/app:v1", nil)
-		errA <- err
-	}()
-	for range layers {
-		select {
-		case <-stall.Stalled():
-		case <-time.After(10 * time.Second):
-			t.Fatal("the first pull did not start both downloads")
-		}
-	}
-	ctxB, rootB := tr.Root("second")
-	errB := make(chan error, 1)
-	go func() {
-		_, err := p.Pull(ctxB, reg+"/team/app:v1", nil)
-		errB <- err
-	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for tr.Started(rootB, spanWait) < len(layers) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the second pull started %d waits", tr.Started(rootB, spanWait))
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	stall.Release()
-	if err := <-errA; err != nil {
-		t.Fatal(err)
-	}
-	if err := <-errB; err != nil {
-		t.Fatal(err)
-	}
-	rootA.End()
-	rootB.End()
-	if got, want := tr.Tree(rootA, attrLayerIndex), pulledTree(""); got != want {
+	rootA, rootB := imagetest.PullTwice(t, tr, stall, len(layers), spanWait, func(ctx context.Context) error {
+		_, err := p.Pull(ctx, reg+"/team/app:v1", nil)
+		return err
+	})
+	if got, want := tr.Tree(rootA, tracingtest.Sorted(), tracingtest.Keys(attrLayerIndex)), pulledTree(""); got != want {
 		t.Errorf("span tree of the pull that downloaded:\n%s\nwant:\n%s", got, want)
 	}
 	want := `image.config
@@ -205,7 +175,7 @@ image.layer crisp.image.layer.index=1
 image.manifest
 image.resolve
 `
-	if got := tr.Tree(rootB, attrLayerIndex, attrWaitFor); got != want {
+	if got := tr.Tree(rootB, tracingtest.Sorted(), tracingtest.Keys(attrLayerIndex, attrWaitFor)); got != want {
 		t.Errorf("span tree of the pull that waited:\n%s\nwant:\n%s", got, want)
 	}
 }
