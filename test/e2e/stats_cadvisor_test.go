@@ -3,7 +3,6 @@ package e2e
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -242,21 +241,7 @@ func TestE2EStatsCAdvisor(t *testing.T) {
 	ctx := ctxT(t)
 	img := e.busybox(ctx)
 
-	cfg := e.podConfig("cadvisor")
-	parent := e.cgroup + "/pod-cadvisor"
-	cfg.Linux.CgroupParent = parent
-	podID := e.runPod(ctx, cfg)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_, _ = e.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: podID})
-		for _, ctrl := range append(cgroupControllers(), "unified", "") {
-			dir := filepath.Join("/sys/fs/cgroup", ctrl, parent)
-			if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
-				t.Errorf("remove pod cgroup parent: %v", err)
-			}
-		}
-	})
+	cfg, podID, parent := e.runPodInParent(ctx, t, "cadvisor")
 	busyCfg := ctrConfig("throttled", img, "sh", "-c", "while :; do :; done")
 	busyCfg.Linux.Resources = &cri.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: 10000}
 	busy := e.runCtr(ctx, podID, cfg, busyCfg)

@@ -108,23 +108,7 @@ func TestE2EStats(t *testing.T) {
 	ctx := ctxT(t)
 	img := e.busybox(ctx)
 
-	cfg := e.podConfig("stats")
-	parent := e.cgroup + "/pod-stats"
-	cfg.Linux.CgroupParent = parent
-	podID := e.runPod(ctx, cfg)
-	t.Cleanup(func() {
-		// Before the env's cleanup: the per-pod parent is the test's to remove, and
-		// only once the pod is gone.
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_, _ = e.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: podID})
-		for _, ctrl := range append(cgroupControllers(), "unified", "") {
-			dir := filepath.Join("/sys/fs/cgroup", ctrl, parent)
-			if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
-				t.Errorf("remove pod cgroup parent: %v", err)
-			}
-		}
-	})
+	cfg, podID, parent := e.runPodInParent(ctx, t, "stats")
 	busyCfg := ctrConfig("busy", img, "sh", "-c", "dd if=/dev/zero of=/dev/shm/fill bs=1M count=50 2>/dev/null; while :; do :; done")
 	busy := e.runCtr(ctx, podID, cfg, busyCfg)
 	created, err := e.rt.CreateContainer(ctx, &cri.CreateContainerRequest{PodSandboxId: podID, Config: ctrConfig("idle", img, "sleep", "1000"), SandboxConfig: cfg})
@@ -477,4 +461,28 @@ func (e *env) podState(ctx context.Context, id string) cri.PodSandboxState {
 		e.t.Fatal(err)
 	}
 	return resp.GetStatus().GetState()
+}
+
+// runPodInParent runs pod name with a cgroup parent of its own below the env's, as
+// kubelet gives each pod one, and removes the pod and then that parent when the test
+// ends (before the env's cleanup: the parent is the test's, removable only once the
+// pod is gone). It returns the pod's config, id and cgroup parent.
+func (e *env) runPodInParent(ctx context.Context, t *testing.T, name string) (*cri.PodSandboxConfig, string, string) {
+	t.Helper()
+	cfg := e.podConfig(name)
+	parent := e.cgroup + "/pod-" + name
+	cfg.Linux.CgroupParent = parent
+	podID := e.runPod(ctx, cfg)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, _ = e.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: podID})
+		for _, ctrl := range append(cgroupControllers(), "unified", "") {
+			dir := filepath.Join("/sys/fs/cgroup", ctrl, parent)
+			if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("remove pod cgroup parent: %v", err)
+			}
+		}
+	})
+	return cfg, podID, parent
 }
