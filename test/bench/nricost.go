@@ -105,25 +105,15 @@ func WriteNRITable(w io.Writer, res Results) error {
 		return nil
 	}
 	fmt.Fprintf(w, "NRI cost: crisp three ways, %.0f pod cycles each, interleaved (ms; Δ against NRI disabled, with its 95 %% bootstrap interval)\n", n)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprint(tw, "\t")
-	for _, f := range cycleFigures {
-		fmt.Fprintf(tw, "%s\tΔ\t95%% interval\t", f.Name)
-	}
-	fmt.Fprintln(tw)
+	rows := make([]cycleRow, len(NRIVariants))
 	for i, v := range NRIVariants {
-		fmt.Fprintf(tw, "%s\t", v.Name)
-		for _, f := range cycleFigures {
-			key := "nri_" + v.Key + "_" + f.Key
-			delta, interval := "-", "-"
-			if i > 0 {
-				delta = signed(res[key] - res["nri_off_"+f.Key])
-				interval = signed(res[key+"_lo"]) + ".." + signed(res[key+"_hi"])
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t", num(res, key, "ms"), delta, interval)
+		rows[i] = cycleRow{Key: v.Key, Name: v.Name}
+		if i > 0 {
+			rows[i].Ref = NRIVariants[0].Key
 		}
-		fmt.Fprintln(tw)
 	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	writeCycleRows(tw, res, "nri_", rows)
 	fmt.Fprint(tw, "noise: disabled, even vs odd rounds\t")
 	for _, f := range cycleFigures {
 		fmt.Fprintf(tw, "\t±%s\t\t", num(res, "nri_noise_"+f.Key, "ms"))
@@ -136,6 +126,33 @@ func WriteNRITable(w io.Writer, res Results) error {
 		fmt.Fprintf(w, "the no-op plugin answered %.1f events a timed cycle\n", ev)
 	}
 	return nil
+}
+
+// cycleRow is one variant's row of a comparison table: its figures are keyed
+// <prefix><Key>_<figure>, its differences against those of variant Ref ("" for none).
+type cycleRow struct{ Key, Name, Ref string }
+
+// writeCycleRows writes the header and a row per variant of a comparison of pod
+// cycles: each figure, its difference from the reference's and its interval.
+func writeCycleRows(tw io.Writer, res Results, prefix string, rows []cycleRow) {
+	fmt.Fprint(tw, "\t")
+	for _, f := range cycleFigures {
+		fmt.Fprintf(tw, "%s\tΔ\t95%% interval\t", f.Name)
+	}
+	fmt.Fprintln(tw)
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t", r.Name)
+		for _, f := range cycleFigures {
+			key := prefix + r.Key + "_" + f.Key
+			delta, interval := "-", "-"
+			if r.Ref != "" {
+				delta = signed(res[key] - res[prefix+r.Ref+"_"+f.Key])
+				interval = signed(res[key+"_lo"]) + ".." + signed(res[key+"_hi"])
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t", num(res, key, "ms"), delta, interval)
+		}
+		fmt.Fprintln(tw)
+	}
 }
 
 // signed is a difference with its sign, as num writes numbers.

@@ -331,25 +331,12 @@ func WriteTracingTable(w io.Writer, res Results) error {
 	}
 	fmt.Fprintf(w, "Tracing cost: crisp %d ways, %.0f pod cycles each, interleaved (ms; Δ of %s, with its 95 %% bootstrap interval)\n",
 		len(vs), n, strings.Join(against, ", of "))
+	rows := make([]cycleRow, len(vs))
+	for i, v := range vs {
+		rows[i] = cycleRow{Key: v.Key, Name: v.Name, Ref: v.Ref}
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprint(tw, "\t")
-	for _, f := range cycleFigures {
-		fmt.Fprintf(tw, "%s\tΔ\t95%% interval\t", f.Name)
-	}
-	fmt.Fprintln(tw)
-	for _, v := range vs {
-		fmt.Fprintf(tw, "%s\t", v.Name)
-		for _, f := range cycleFigures {
-			key := "tracing_" + v.Key + "_" + f.Key
-			delta, interval := "-", "-"
-			if v.Ref != "" {
-				delta = signed(res[key] - res["tracing_"+v.Ref+"_"+f.Key])
-				interval = signed(res[key+"_lo"]) + ".." + signed(res[key+"_hi"])
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t", num(res, key, "ms"), delta, interval)
-		}
-		fmt.Fprintln(tw)
-	}
+	writeCycleRows(tw, res, "tracing_", rows)
 	for _, v := range vs {
 		if _, ok := res["tracing_noise_"+v.Key+"_cycle_p50"]; !ok {
 			continue
