@@ -333,7 +333,7 @@ func WriteTracingTable(w io.Writer, res Results) error {
 		len(vs), n, strings.Join(against, ", of "))
 	rows := make([]cycleRow, len(vs))
 	for i, v := range vs {
-		rows[i] = cycleRow{Key: v.Key, Name: v.Name, Ref: v.Ref}
+		rows[i] = cycleRow(v)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	writeCycleRows(tw, res, "tracing_", rows)
