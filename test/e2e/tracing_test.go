@@ -157,15 +157,32 @@ func tracedPodStart(ctx context.Context, t *testing.T, e *env, recv *otlptest.Re
 	want = append(want, extra...)
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	// criserver's spans come in batches (every 5 s) and the shim's through the relay,
+	// in any order: the trace is complete once every wanted span is there, every span's
+	// parent is, and every call kubelet made has crisp's server span under it.
 	spans, err := recv.WaitFor(wctx, func(all []otlptest.Span) bool {
-		have := map[string]bool{}
+		have, ids, served := map[string]bool{}, map[string]bool{}, map[string]bool{}
 		for _, s := range all {
 			if s.TraceID == traceID {
-				have[s.Name] = true
+				have[s.Name], ids[s.SpanID] = true, true
+				if s.Service == "crisp" {
+					served[s.ParentID] = true
+				}
 			}
 		}
 		for _, n := range want {
 			if !have[n] {
+				return false
+			}
+		}
+		for _, s := range all {
+			if s.TraceID != traceID {
+				continue
+			}
+			if s.ParentID != "" && !ids[s.ParentID] {
+				return false
+			}
+			if s.Service == "kubelet" && strings.HasPrefix(s.Name, "runtime.v1.") && !served[s.SpanID] {
 				return false
 			}
 		}
