@@ -57,7 +57,6 @@ type Tracing struct {
 	prop       propagation.TextMapPropagator
 	client     otlptrace.Client
 	cfg        config.TracingConfig
-	shimName   string
 	relayPath  string
 	relaySrv   *ttrpc.Server
 	queue      chan []*tracepb.ResourceSpans
@@ -101,7 +100,6 @@ func New(ctx context.Context, cfg config.TracingConfig, relaySocket string, log 
 		prop:       propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}),
 		client:     client,
 		cfg:        cfg,
-		shimName:   cfg.ServiceName + "-shim",
 		relayPath:  relaySocket,
 		queue:      make(chan []*tracepb.ResourceSpans, relayQueue),
 		uploadDone: make(chan struct{}),
@@ -199,6 +197,9 @@ func (t *Tracing) TTRPCClientInterceptor() ttrpc.UnaryClientInterceptor {
 	}
 }
 
+// shimName is the service.name of the shims' spans.
+func (t *Tracing) shimName() string { return t.cfg.ServiceName + "-shim" }
+
 // TaskShimEnv is the environment by which a task-only shim (containerd's, built with
 // its shim_tracing tag) exports its own spans to the same collector: the OTLP
 // exporter's standard variables, as containerd's shims inherit them from containerd.
@@ -209,7 +210,7 @@ func (t *Tracing) TaskShimEnv() []string {
 	}
 	env := []string{
 		"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=" + t.cfg.Protocol,
-		"OTEL_SERVICE_NAME=" + t.shimName,
+		"OTEL_SERVICE_NAME=" + t.shimName(),
 	}
 	target, _ := t.cfg.Target()
 	scheme := "https://"
@@ -325,7 +326,7 @@ func (t *Tracing) completeResource(r *tracepb.ResourceSpans) {
 	}
 	r.Resource.Attributes = append(r.Resource.Attributes, &commonpb.KeyValue{
 		Key:   string(semconv.ServiceNameKey),
-		Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_StringValue{StringValue: t.shimName}},
+		Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_StringValue{StringValue: t.shimName()}},
 	})
 	r.SchemaUrl = semconv.SchemaURL
 }

@@ -213,7 +213,7 @@ func TestTaskShimEnv(t *testing.T) {
 			"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf", "OTEL_SERVICE_NAME=crisp-shim",
 			"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=https://127.0.0.1:4318/v1/traces"}},
 	} {
-		tr := &Tracing{cfg: tc.cfg, shimName: tc.cfg.ServiceName + "-shim"}
+		tr := &Tracing{cfg: tc.cfg}
 		if got := tr.TaskShimEnv(); strings.Join(got, " ") != strings.Join(tc.want, " ") {
 			t.Errorf("TaskShimEnv(%+v) = %q, want %q", tc.cfg, got, tc.want)
 		}
