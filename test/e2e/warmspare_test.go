@@ -126,13 +126,14 @@ func spareShimPid(s warmSpare) int {
 func (s warmSpare) String() string { return fmt.Sprintf("%s(%s)", s.id, s.handler) }
 
 // waitSpare waits until the env has exactly one warm spare whose shim serves (its pid
-// known) and that is not one of old; it fails the test after within.
+// known), that the controller holds ready and that is not one of old; it fails the test after within.
 func (e *env) waitSpare(t *testing.T, within time.Duration, old ...string) warmSpare {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for {
 		spares := e.warmSpares()
-		if len(spares) == 1 && spareShimPid(spares[0]) > 0 && !slices.Contains(old, spares[0].id) {
+		if len(spares) == 1 && spareShimPid(spares[0]) > 0 && !slices.Contains(old, spares[0].id) &&
+			e.spareReady(spares[0].id) {
 			return spares[0]
 		}
 		if time.Now().After(deadline) {
@@ -140,6 +141,20 @@ func (e *env) waitSpare(t *testing.T, within time.Duration, old ...string) warmS
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// spareReady reports whether the controller logged the spare id as ready. Its shim
+// writes shim.pid when it serves, a moment before the controller has connected and can
+// hand the spare out: a pod started in between gets a shim of its own (TestE2EWarmSpare
+// failed in CI on it).
+func (e *env) spareReady(id string) bool {
+	data, _ := os.ReadFile(e.logPath)
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.Contains(line, `"msg":"warm spare shim ready"`) && strings.Contains(line, `"pod":"`+id+`"`) {
+			return true
+		}
+	}
+	return false
 }
 
 // assertSpareGone checks that nothing of a spare that was shut down or killed is left.
