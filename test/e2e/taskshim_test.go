@@ -506,14 +506,14 @@ func TestE2ETaskShimKill9DuringStart(t *testing.T) {
 	}
 }
 
-// taskSpare waits until the task-only handler has a warm spare whose shim serves and
-// that is not old, and returns it.
+// taskSpare waits until the task-only handler has a warm spare whose shim serves, that
+// the controller holds ready and that is not old, and returns it.
 func (e *env) taskSpare(t *testing.T, old string) warmSpare {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		for _, sp := range e.warmSpares() {
-			if sp.handler == taskShimHandler && sp.id != old && spareShimPid(sp) > 0 {
+			if sp.handler == taskShimHandler && sp.id != old && spareShimPid(sp) > 0 && e.spareReady(sp.id) {
 				return sp
 			}
 		}
