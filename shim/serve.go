@@ -18,15 +18,13 @@ import (
 
 	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
 	"github.com/crisp-runtime/crisp/internal/tracing/recorder"
+	"github.com/crisp-runtime/crisp/pkg/shimkit/bootstrap"
 	"github.com/crisp-runtime/crisp/shim/events"
 	"github.com/crisp-runtime/crisp/shim/pause"
 	"github.com/crisp-runtime/crisp/shim/reaper"
 	"github.com/crisp-runtime/crisp/shim/sandbox"
 	"github.com/crisp-runtime/crisp/shim/task"
 )
-
-// listenerFD is where `start` hands the listening socket to the serving shim.
-const listenerFD = 3
 
 // shutdownTimeout bounds how long the shim waits for replies in flight before exiting.
 const shutdownTimeout = 5 * time.Second
@@ -49,15 +47,15 @@ var _ pause.Adopter = (*reaper.Reaper)(nil)
 
 // Serve runs the shim's ttrpc server on the socket inherited as fd 3 until
 // ShutdownSandbox or SIGTERM/SIGINT.
-func Serve(ctx context.Context, f Flags, log *slog.Logger) error {
+func Serve(ctx context.Context, f bootstrap.Flags, log *slog.Logger) error {
 	if f.ID == "" {
 		return errors.New("serve: -id is required")
 	}
-	bundle, err := bundleDir(f.Bundle)
+	bundle, err := bootstrap.BundleDir(f.Bundle)
 	if err != nil {
 		return err
 	}
-	l, err := inheritedListener()
+	l, err := bootstrap.Listener()
 	if err != nil {
 		return err
 	}
@@ -264,18 +262,4 @@ func (c *trackedConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(c.closed)
 	return err
-}
-
-func inheritedListener() (net.Listener, error) {
-	var st unix.Stat_t
-	if err := unix.Fstat(listenerFD, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFSOCK {
-		return nil, errors.New("no listening socket on fd 3: run `shim-runc start` instead")
-	}
-	f := os.NewFile(listenerFD, "listener")
-	defer f.Close()
-	l, err := net.FileListener(f)
-	if err != nil {
-		return nil, fmt.Errorf("listener on fd 3: %w", err)
-	}
-	return l, nil
 }

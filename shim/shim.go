@@ -1,111 +1,73 @@
 package shim
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"fmt"
 	"io"
-	"os"
-	"path/filepath"
-	"runtime"
+	"strings"
 
-	"golang.org/x/sys/unix"
-	"google.golang.org/protobuf/proto"
-
-	"github.com/crisp-runtime/crisp/api/containerd/types"
 	"github.com/crisp-runtime/crisp/internal/version"
+	"github.com/crisp-runtime/crisp/pkg/shimkit/bootstrap"
 )
 
 // RuntimeName is what -info reports as the runtime's name.
 const RuntimeName = "crisp-shim-runc"
 
-// Files the shim keeps in the bundle directory.
-const (
-	// PidFile holds the pid of the serving shim.
-	PidFile = "shim.pid"
-	// LogFile receives the serving shim's stdout and stderr (JSON log lines).
-	LogFile = "shim.log"
-	// AddressFile holds the socket address, so `delete` finds the socket even when it
-	// was placed in a socket_dir it is not told about.
-	AddressFile = "shim.address"
-)
-
-// DefaultSocketDir holds the shims' sockets unless BootstrapParams.socket_dir says
-// otherwise. It is short on purpose: see maxSocketPath.
-const DefaultSocketDir = "/run/crisp/s"
-
-// maxSocketPath is the longest unix socket path that works everywhere (sun_path is 108
-// bytes on Linux, 104 on the BSDs; containerd uses the same limit).
-const maxSocketPath = 106
-
-// maxStdin bounds what `start` reads from stdin, as containerd's shims do.
-const maxStdin = 10 << 20
-
-// Flags are the command-line values every mode of the binary understands.
-type Flags struct {
-	Namespace     string
-	Address       string
-	PublishBinary string
-	ID            string
-	Bundle        string
-	Debug         bool
-}
-
-// SocketPath is where the shim for (address, namespace, id) listens: the name hashes
-// all three so that shims of different containerd instances or namespaces never clash.
-func SocketPath(dir, address, namespace, id string) string {
-	sum := sha256.Sum256([]byte(address + "/" + namespace + "/" + id))
-	return filepath.Join(dir, hex.EncodeToString(sum[:]))
-}
-
-func bundleDir(flag string) (string, error) {
-	dir := flag
-	if dir == "" {
-		wd, err := os.Getwd()
-		if err != nil {
-			return "", fmt.Errorf("bundle: %w", err)
-		}
-		dir = wd
-	}
-	abs, err := filepath.Abs(dir)
-	if err != nil {
-		return "", fmt.Errorf("bundle %q: %w", dir, err)
-	}
-	return abs, nil
-}
-
-// WriteVersion prints the human-readable version (-v, -version, --version).
-func WriteVersion(w io.Writer) error {
-	_, err := fmt.Fprintf(w, "%s (%s):\n  Version:    %s\n  Go version: %s\n", filepath.Base(os.Args[0]), version.Name, version.Version, runtime.Version())
-	return err
-}
-
 // Info prints the protobuf RuntimeInfo that containerd asks for with -info, with the
-// shim's OCI features (Features). Runtime options arriving on stdin are read and
-// ignored: the shim has none yet.
+// shim's OCI features (Features).
 func Info(stdin io.Reader, stdout io.Writer) error {
-	if f, ok := stdin.(*os.File); !ok || !isTerminal(f) {
-		if _, err := io.Copy(io.Discard, io.LimitReader(stdin, maxStdin)); err != nil {
-			return fmt.Errorf("read runtime options: %w", err)
-		}
-	}
 	feat, err := featuresAny()
 	if err != nil {
 		return err
 	}
-	data, err := proto.Marshal(&types.RuntimeInfo{
-		Name:     RuntimeName,
-		Version:  &types.RuntimeVersion{Version: version.Version},
-		Features: feat,
-	})
-	if err != nil {
-		return fmt.Errorf("encode runtime info: %w", err)
-	}
-	_, err = stdout.Write(data)
-	return err
+	return bootstrap.WriteInfo(stdin, stdout, RuntimeName, version.Version, feat)
 }
 
-func isTerminal(f *os.File) bool {
-	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
-	return err == nil
+// WriteVersion prints the human-readable version (-v, -version, --version).
+func WriteVersion(w io.Writer) error {
+	return bootstrap.WriteVersion(w, version.Name, version.Version)
+}
+
+// StartOptions are what crisp's shim adds to the kit's `start`: its serving
+// environment (Environ).
+func StartOptions() bootstrap.StartOptions {
+	return bootstrap.StartOptions{Environ: Environ}
+}
+
+// criuFaultEnv is the environment variable CRIU reads its fault-injection mode from.
+const criuFaultEnv = "CRIU_FAULT"
+
+// criuNoBreakpoints is CRIU's FI_NO_BREAKPOINTS: CRIU stops the parasite it injects
+// into a dumped process by stepping through its syscalls with PTRACE_SYSCALL instead of
+// at a hardware breakpoint. VMs such as Firecracker give ptrace no working hardware
+// breakpoints, and there every dump hangs after the parasite's last command (the stop
+// on its rt_sigreturn never comes); the stepping costs a few milliseconds per dump.
+const criuNoBreakpoints = "130"
+
+// Environ is the serving shim's environment made from the one `start` runs with: one
+// Go thread for Go code, CRIU's settings, and none of the variables the shim's pause
+// re-execution reads (_CRISP_*). libcontainer runs `criu swrk` with the shim's
+// environment (and a container's init with none of it), so CRIU's settings are given
+// here, once per shim, rather than by changing the process environment later.
+func Environ(environ []string) []string {
+	set := map[string]string{"GOMAXPROCS": "1"}
+	// An operator's own CRIU_FAULT (0 to use hardware breakpoints on bare metal) wins.
+	if !hasEnv(environ, criuFaultEnv) {
+		set[criuFaultEnv] = criuNoBreakpoints
+	}
+	kept := environ[:0:0]
+	for _, kv := range environ {
+		if !strings.HasPrefix(kv, "_CRISP_") {
+			kept = append(kept, kv)
+		}
+	}
+	return bootstrap.SetEnv(kept, set)
+}
+
+// hasEnv reports whether environ sets key.
+func hasEnv(environ []string, key string) bool {
+	for _, kv := range environ {
+		if k, _, _ := strings.Cut(kv, "="); k == key {
+			return true
+		}
+	}
+	return false
 }

@@ -12,6 +12,7 @@ import (
 	clog "github.com/containerd/log"
 	"github.com/opencontainers/runc/libcontainer"
 
+	"github.com/crisp-runtime/crisp/pkg/shimkit/bootstrap"
 	"github.com/crisp-runtime/crisp/shim"
 	"github.com/crisp-runtime/crisp/shim/task"
 
@@ -38,7 +39,7 @@ func run(args []string) int {
 		return task.RunHelper(args[1:], os.Stdin, os.Stdout, logger(os.Stderr, false, slog.LevelWarn))
 	}
 	var (
-		f            shim.Flags
+		f            bootstrap.Flags
 		info, versio bool
 	)
 	fs := flag.NewFlagSet("shim-runc", flag.ContinueOnError)
@@ -64,7 +65,7 @@ func run(args []string) int {
 		err = shim.Info(os.Stdin, os.Stdout)
 	case action == "start":
 		// Silent on success: containerd reads stdout and stderr together as the result.
-		err = shim.Start(ctx, f, os.Stdin, os.Stdout)
+		err = bootstrap.Start(ctx, f, os.Stdin, os.Stdout, shim.StartOptions())
 	case action == "delete":
 		err = shim.Delete(ctx, f, os.Stdout, logger(os.Stderr, f.Debug, slog.LevelWarn))
 	case action == "":

@@ -1,4 +1,4 @@
-package shim
+package bootstrap
 
 import (
 	"crypto/sha256"
@@ -128,10 +128,11 @@ func TestResult(t *testing.T) {
 }
 
 func TestChildEnv(t *testing.T) {
-	env := childEnv([]string{"PATH=/bin", "GOMAXPROCS=2", "_CRISP_PAUSE=1", "TTRPC_ADDRESS=/old"},
+	env := childEnv([]string{"PATH=/bin", "TTRPC_ADDRESS=/old", "GRPC_ADDRESS=/g"},
 		startParams{bootstrap: true, namespace: "k8s.io", ttrpcAddress: "/new"})
 	slices.Sort(env)
-	want := []string{"CRIU_FAULT=130", "GOMAXPROCS=1", "NAMESPACE=k8s.io", "PATH=/bin", "TTRPC_ADDRESS=/new"}
+	// No containerd gRPC address in the params: the inherited one stays.
+	want := []string{"GRPC_ADDRESS=/g", "NAMESPACE=k8s.io", "PATH=/bin", "TTRPC_ADDRESS=/new"}
 	if !slices.Equal(env, want) {
 		t.Fatalf("env = %v, want %v", env, want)
 	}
@@ -145,14 +146,15 @@ func TestChildEnv(t *testing.T) {
 	if env := childEnv([]string{"TTRPC_ADDRESS=/ctrd"}, startParams{}); !slices.Contains(env, "TTRPC_ADDRESS=/ctrd") {
 		t.Fatalf("legacy env = %v: TTRPC_ADDRESS lost", env)
 	}
-	// An operator's CRIU_FAULT is kept (CRIU_FAULT=0: hardware breakpoints).
-	env = childEnv([]string{"CRIU_FAULT=0"}, startParams{})
-	if !slices.Contains(env, "CRIU_FAULT=0") || slices.Contains(env, "CRIU_FAULT=130") {
-		t.Fatalf("env = %v: an operator's CRIU_FAULT=0 must be kept", env)
-	}
-	for _, kv := range childEnv([]string{"GOMAXPROCS=4"}, startParams{}) {
-		if strings.HasPrefix(kv, "GOMAXPROCS=") && kv != "GOMAXPROCS=1" {
-			t.Fatalf("legacy child env keeps %s", kv)
+}
+
+func TestValidID(t *testing.T) {
+	for id, want := range map[string]bool{
+		"pod1": true, "a.b_c-d": true, strings.Repeat("a", 128): true,
+		"": false, "-a": false, ".a": false, "a/b": false, "a b": false, strings.Repeat("a", 129): false,
+	} {
+		if got := ValidID(id); got != want {
+			t.Errorf("ValidID(%q) = %v, want %v", id, got, want)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package shim
+package bootstrap
 
 import (
 	"context"
@@ -20,7 +20,6 @@ import (
 
 	"github.com/crisp-runtime/crisp/api/annotations"
 	"github.com/crisp-runtime/crisp/internal/atomicfile"
-	"github.com/crisp-runtime/crisp/shim/sandbox"
 )
 
 // resultVersion 3 tells containerd that this shim serves the sandbox API and task v3 on
@@ -82,7 +81,7 @@ func resolveStartParams(f Flags, input []byte, bundle string) (startParams, erro
 	if sp.namespace == "" {
 		sp.namespace = "default"
 	}
-	if !sandbox.ValidID(sp.id) {
+	if !ValidID(sp.id) {
 		return sp, fmt.Errorf("invalid or missing id %q: want 1-128 characters of [A-Za-z0-9_.-]", sp.id)
 	}
 	if strings.ContainsAny(sp.namespace, "/\x00") {
@@ -121,10 +120,18 @@ func (sp startParams) result(socketPath string) ([]byte, error) {
 	return data, nil
 }
 
-// Start implements `shim-runc start`: make sure one shim serves the id, print how to
+// StartOptions are what a shim adds to the kit's `start`.
+type StartOptions struct {
+	// Environ, when set, edits the serving shim's environment (the caller's, which it
+	// gets as environ) before the kit sets where task events go (NAMESPACE,
+	// TTRPC_ADDRESS, GRPC_ADDRESS on the bootstrap path).
+	Environ func(environ []string) []string
+}
+
+// Start implements a shim's `start`: make sure one shim serves the id, print how to
 // reach it. On failure nothing is left behind.
-func Start(ctx context.Context, f Flags, stdin io.Reader, stdout io.Writer) error {
-	bundle, err := bundleDir(f.Bundle)
+func Start(ctx context.Context, f Flags, stdin io.Reader, stdout io.Writer, opts StartOptions) error {
+	bundle, err := BundleDir(f.Bundle)
 	if err != nil {
 		return err
 	}
@@ -175,7 +182,7 @@ func Start(ctx context.Context, f Flags, stdin io.Reader, stdout io.Writer) erro
 		_, err := stdout.Write(out)
 		return err
 	}
-	if err := spawn(sp, l, path); err != nil {
+	if err := spawn(sp, l, path, opts); err != nil {
 		_ = l.Close()
 		_ = os.Remove(path)
 		return err
@@ -267,7 +274,7 @@ func answers(ctx context.Context, path string) bool {
 }
 
 // spawn re-executes the binary as the serving shim with the listener as fd 3.
-func spawn(sp startParams, l *net.UnixListener, path string) (retErr error) {
+func spawn(sp startParams, l *net.UnixListener, path string, opts StartOptions) (retErr error) {
 	lf, err := l.File()
 	if err != nil {
 		return fmt.Errorf("listener fd: %w", err)
@@ -298,7 +305,11 @@ func spawn(sp startParams, l *net.UnixListener, path string) (retErr error) {
 	cmd.Dir = sp.bundle
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.ExtraFiles = []*os.File{lf}
-	cmd.Env = childEnv(os.Environ(), sp)
+	environ := os.Environ()
+	if opts.Environ != nil {
+		environ = opts.Environ(environ)
+	}
+	cmd.Env = childEnv(environ, sp)
 	// Its own session: the shim must outlive the process that ran `start`.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	// The address before the shim exists: a start killed right after forking it (the
@@ -325,39 +336,28 @@ func spawn(sp startParams, l *net.UnixListener, path string) (retErr error) {
 	return atomicfile.Write(filepath.Join(sp.bundle, PidFile), []byte(strconv.Itoa(cmd.Process.Pid)), 0o600)
 }
 
-// criuFaultEnv is the environment variable CRIU reads its fault-injection mode from.
-const criuFaultEnv = "CRIU_FAULT"
-
-// criuNoBreakpoints is CRIU's FI_NO_BREAKPOINTS: CRIU stops the parasite it injects
-// into a dumped process by stepping through its syscalls with PTRACE_SYSCALL instead of
-// at a hardware breakpoint. VMs such as Firecracker give ptrace no working hardware
-// breakpoints, and there every dump hangs after the parasite's last command (the stop
-// on its rt_sigreturn never comes); the stepping costs a few milliseconds per dump.
-const criuNoBreakpoints = "130"
-
-// childEnv is the environment of the serving shim. libcontainer runs `criu swrk` with
-// the shim's environment (and a container's init with none of it), so CRIU's settings
-// are given here, once per shim, rather than by changing the process environment later.
+// childEnv is the environment of the serving shim: where it publishes task events, as
+// the bootstrap caller said it.
 func childEnv(environ []string, sp startParams) []string {
-	set := map[string]string{"GOMAXPROCS": "1"}
-	// An operator's own CRIU_FAULT (0 to use hardware breakpoints on bare metal) wins.
-	if !hasEnv(environ, criuFaultEnv) {
-		set[criuFaultEnv] = criuNoBreakpoints
+	if !sp.bootstrap {
+		// The legacy callers say it in the environment they start `start` with.
+		return environ
 	}
-	if sp.bootstrap {
-		// Where the serving shim publishes task events (see Serve), as the legacy
-		// callers say it. A bootstrap caller without a ttrpc address (crisp's
-		// controller) gets none, whatever the environment it started the shim with.
-		set["NAMESPACE"] = sp.namespace
-		set["TTRPC_ADDRESS"] = sp.ttrpcAddress
-		if sp.address != "" {
-			set["GRPC_ADDRESS"] = sp.address
-		}
+	// A bootstrap caller without a ttrpc address (crisp's controller) gets none,
+	// whatever the environment it started the shim with.
+	set := map[string]string{"NAMESPACE": sp.namespace, "TTRPC_ADDRESS": sp.ttrpcAddress}
+	if sp.address != "" {
+		set["GRPC_ADDRESS"] = sp.address
 	}
+	return SetEnv(environ, set)
+}
+
+// SetEnv returns environ with the variables of set replaced, and those set to "" removed.
+func SetEnv(environ []string, set map[string]string) []string {
 	env := make([]string, 0, len(environ)+len(set))
 	for _, kv := range environ {
 		k, _, _ := strings.Cut(kv, "=")
-		if _, ok := set[k]; ok || strings.HasPrefix(k, "_CRISP_") {
+		if _, ok := set[k]; ok {
 			continue
 		}
 		env = append(env, kv)
@@ -368,14 +368,4 @@ func childEnv(environ []string, sp startParams) []string {
 		}
 	}
 	return env
-}
-
-// hasEnv reports whether environ sets key.
-func hasEnv(environ []string, key string) bool {
-	for _, kv := range environ {
-		if k, _, _ := strings.Cut(kv, "="); k == key {
-			return true
-		}
-	}
-	return false
 }
