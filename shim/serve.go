@@ -19,11 +19,12 @@ import (
 	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
 	"github.com/crisp-runtime/crisp/internal/tracing/recorder"
 	"github.com/crisp-runtime/crisp/pkg/shimkit/bootstrap"
-	"github.com/crisp-runtime/crisp/shim/events"
+	"github.com/crisp-runtime/crisp/pkg/shimkit/events"
+	"github.com/crisp-runtime/crisp/pkg/shimkit/reaper"
+	"github.com/crisp-runtime/crisp/pkg/shimkit/task"
 	"github.com/crisp-runtime/crisp/shim/pause"
-	"github.com/crisp-runtime/crisp/shim/reaper"
+	"github.com/crisp-runtime/crisp/shim/runc"
 	"github.com/crisp-runtime/crisp/shim/sandbox"
-	"github.com/crisp-runtime/crisp/shim/task"
 )
 
 // shutdownTimeout bounds how long the shim waits for replies in flight before exiting.
@@ -112,11 +113,16 @@ func Serve(ctx context.Context, f bootstrap.Flags, log *slog.Logger) error {
 		defer fcancel()
 		rec.Close(fctx)
 	}()
+	runner, err := runc.New(runc.Config{StateRoot: filepath.Join(bundle, TaskStateDir), Logger: log, Reaper: r})
+	if err != nil {
+		_ = l.Close()
+		return err
+	}
 	tasks, err := task.New(task.Config{
 		SandboxID:  f.ID,
 		SandboxPid: svc.PausePid,
 		PodFiles:   svc.PodFiles,
-		StateRoot:  filepath.Join(bundle, TaskStateDir),
+		Runner:     runner,
 		Logger:     log,
 		Reaper:     r,
 		Events:     pub,

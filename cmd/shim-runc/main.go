@@ -14,7 +14,7 @@ import (
 
 	"github.com/crisp-runtime/crisp/pkg/shimkit/bootstrap"
 	"github.com/crisp-runtime/crisp/shim"
-	"github.com/crisp-runtime/crisp/shim/task"
+	"github.com/crisp-runtime/crisp/shim/runc"
 
 	// Its C constructor joins namespaces before the Go runtime starts when libcontainer
 	// re-executes this binary as a container's init.
@@ -34,9 +34,9 @@ func main() {
 }
 
 func run(args []string) int {
-	if len(args) > 0 && args[0] == task.HelperArg {
+	if len(args) > 0 && args[0] == runc.HelperArg {
 		// A short-lived task helper the shim runs for one container operation.
-		return task.RunHelper(args[1:], os.Stdin, os.Stdout, logger(os.Stderr, false, slog.LevelWarn))
+		return runc.RunHelper(args[1:], os.Stdin, os.Stdout, logger(os.Stderr, false, slog.LevelWarn))
 	}
 	var (
 		f            bootstrap.Flags

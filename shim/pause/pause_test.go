@@ -17,7 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/crisp-runtime/crisp/internal/testutil"
-	"github.com/crisp-runtime/crisp/shim/reaper"
+	"github.com/crisp-runtime/crisp/pkg/shimkit/reaper"
 )
 
 // rootWhy is what the pause tests need root for (testutil.RequiresRoot).

@@ -11,7 +11,7 @@ import (
 // TestKubeletPodsOnCgroupV2 generates the specs of containers as kubelet 1.36 asks for
 // them on a cgroup v2 node with the systemd driver: the cgroupsPath libcontainer takes
 // ("<pod slice>:crisp:<id>") and the resources, one per QoS class. What libcontainer
-// writes into the v2 files for these resources is shim/task's TestV2ResourceFiles.
+// writes into the v2 files for these resources is shim/runc's TestV2ResourceFiles.
 func TestKubeletPodsOnCgroupV2(t *testing.T) {
 	const uid = "0c4f1ad3_5a7e_4b1e_9e43_2b1f0d6a7c11"
 	// kubelet sends a limit for every page size the node has, 0 when the pod asks none.

@@ -24,8 +24,8 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/crisp-runtime/crisp/api/containerd/types"
 	taskapi "github.com/crisp-runtime/crisp/api/containerd/task/v3"
+	"github.com/crisp-runtime/crisp/api/containerd/types"
 )
 
 // Files the kit keeps in the bundle directory.

@@ -1,4 +1,4 @@
-package task
+package runc
 
 import (
 	"errors"
@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/crisp-runtime/crisp/internal/mount"
+	"github.com/crisp-runtime/crisp/pkg/shimkit/task"
 )
 
 // CleanupDead kills and removes every container recorded under root, the libcontainer
@@ -29,7 +30,7 @@ func CleanupDead(root string, log *slog.Logger) error {
 	}
 	var errs []error
 	for _, e := range entries {
-		if !e.IsDir() || !validID(e.Name()) {
+		if !e.IsDir() || !task.ValidID(e.Name()) {
 			continue
 		}
 		if err := destroyContainer(root, e.Name(), "", true, true, log); err != nil {
@@ -92,6 +93,10 @@ func destroyState(root, id string, rootfsFromState, stale bool, log *slog.Logger
 	return nil
 }
 
+// staleKillTimeout bounds the wait for a stale container's SIGKILLed processes (D
+// state never ends), as the task service bounds a live one's.
+const staleKillTimeout = 10 * time.Second
+
 // killStale kills every process of lc's cgroup and waits until libcontainer reports it
 // stopped. The cgroup is frozen while its pids are read and signalled, so that none can
 // exit and have its pid reused by an unrelated process in between.
@@ -108,14 +113,14 @@ func killStale(lc *libcontainer.Container) error {
 	if frozen {
 		_ = lc.Resume()
 	}
-	deadline := time.Now().Add(killTimeout)
+	deadline := time.Now().Add(staleKillTimeout)
 	for {
 		st, err := lc.Status()
 		if err != nil || st == libcontainer.Stopped {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("stale container %s still running %s after SIGKILL", lc.ID(), killTimeout)
+			return fmt.Errorf("stale container %s still running %s after SIGKILL", lc.ID(), staleKillTimeout)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

@@ -1,4 +1,4 @@
-package task
+package runc
 
 import (
 	"context"
@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"time"
 
+	// Registers the device-rule backend that the cgroup v1 devices controller needs.
+	_ "github.com/opencontainers/cgroups/devices"
 	"github.com/opencontainers/runc/libcontainer"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -19,6 +21,7 @@ import (
 
 	"github.com/crisp-runtime/crisp/internal/cgstats"
 	"github.com/crisp-runtime/crisp/internal/mount"
+	"github.com/crisp-runtime/crisp/pkg/shimkit/task"
 )
 
 // RunHelper is `shim-runc _task ACTION ID` (see HelperArg): it decodes the request from
@@ -43,7 +46,7 @@ func helperMain(args []string, stdin io.Reader, log *slog.Logger) *helperRespons
 		if err := json.NewDecoder(stdin).Decode(&req); err != nil {
 			return nil, internal("task helper: decode request: %v", err)
 		}
-		if !filepath.IsAbs(req.Root) || !validID(req.ID) {
+		if !filepath.IsAbs(req.Root) || !task.ValidID(req.ID) {
 			return nil, internal("task helper: bad state root %q or container id %q", req.Root, req.ID)
 		}
 		log := log.With("helper", args[0], "container", req.ID)
@@ -67,7 +70,7 @@ func helperMain(args []string, stdin io.Reader, log *slog.Logger) *helperRespons
 	}()
 	if err != nil {
 		// The answer carries the kind as its gRPC code; an error of no kind is Internal.
-		code, ok := codeOf(err)
+		code, ok := task.CodeOf(err)
 		if !ok || code == codes.Unknown {
 			code = codes.Internal
 		}
@@ -106,7 +109,7 @@ func stdioFiles(lp *libcontainer.Process, fds helperStdio) {
 // restored from a checkpoint it stops after the create. On error it undoes all of it.
 func helperCreateContainer(req *helperRequest, log *slog.Logger) (_ *helperResponse, retErr error) {
 	id, bundle := req.ID, req.Bundle
-	spec, err := loadSpec(bundle)
+	spec, err := task.LoadSpec(bundle)
 	if err != nil {
 		return nil, invalid("container %q: %v", id, err)
 	}
@@ -218,7 +221,7 @@ func helperExecProcess(req *helperRequest) (*helperResponse, error) {
 // created container that never started in memory only (no state.json), so the one the
 // create helper made is created again from the bundle here.
 func helperRestoreContainer(req *helperRequest, log *slog.Logger) (_ *helperResponse, retErr error) {
-	spec, err := loadSpec(req.Bundle)
+	spec, err := task.LoadSpec(req.Bundle)
 	if err != nil {
 		return nil, invalid("container %q: %v", req.ID, err)
 	}
@@ -321,8 +324,8 @@ func helperCheckpointContainer(req *helperRequest, log *slog.Logger) error {
 	stopWatch := watchCRIU(ctx, lc, log)
 	err = lc.Checkpoint(criuOpts)
 	if timedOut := stopWatch(); timedOut {
-		return withKind(context.DeadlineExceeded, fmt.Sprintf("checkpoint container %q: CRIU did not finish before the deadline and was killed%s",
-			req.ID, criuLogTail(filepath.Join(criuLogDir(o.Images, o.Work), "dump.log"))))
+		return task.Errorf(context.DeadlineExceeded, "checkpoint container %q: CRIU did not finish before the deadline and was killed%s",
+			req.ID, criuLogTail(filepath.Join(criuLogDir(o.Images, o.Work), "dump.log")))
 	}
 	if err != nil {
 		return internal("checkpoint container %q with CRIU: %v%s", req.ID, err, criuLogErrors(filepath.Join(criuLogDir(o.Images, o.Work), "dump.log")))
@@ -360,7 +363,7 @@ func helperDestroy(req *helperRequest, log *slog.Logger) error {
 		return err
 	}
 	if req.RootfsFromState && req.Bundle != "" {
-		if spec, err := loadSpec(req.Bundle); err == nil {
+		if spec, err := task.LoadSpec(req.Bundle); err == nil {
 			if err := mount.Unmount(rootfsPath(req.Bundle, spec)); err != nil {
 				return fmt.Errorf("container %s: %w", req.ID, err)
 			}
@@ -370,8 +373,8 @@ func helperDestroy(req *helperRequest, log *slog.Logger) error {
 }
 
 // cgroupOf reports the container's cgroups for the shim.
-func cgroupOf(lc *libcontainer.Container) *cgroupInfo {
-	info := &cgroupInfo{}
+func cgroupOf(lc *libcontainer.Container) *task.CgroupInfo {
+	info := &task.CgroupInfo{}
 	if st, err := lc.State(); err == nil {
 		info.Paths = st.CgroupPaths
 	}

@@ -70,7 +70,7 @@ func processEnd(t *testing.T, w any) *os.File {
 // pipes the shim drains (a process writing much more than a pipe holds never blocks
 // while nobody is attached), and an attach session gets what it writes from then on.
 func TestAttachWithoutLog(t *testing.T) {
-	lp := &childStdio{}
+	lp := &Stdio{}
 	sio, err := openStdio(ioConfig{attachable: true}, lp, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
@@ -132,7 +132,7 @@ func TestAttachWithoutLog(t *testing.T) {
 // TestExecOutputNotPiped: a process that is not attachable (an exec) and has no FIFO
 // for a stream keeps /dev/null for it: no pipe whose drain its exit would wait for.
 func TestExecOutputNotPiped(t *testing.T) {
-	lp := &childStdio{}
+	lp := &Stdio{}
 	sio, err := openStdio(ioConfig{}, lp, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
@@ -153,7 +153,7 @@ func TestExecOutputNotPiped(t *testing.T) {
 // TestCloseStdinAfterAttachEOF: a stdin_once client closes its stdin FIFO and then calls
 // CloseIO at once; the process still reads everything the client wrote, then EOF.
 func TestCloseStdinAfterAttachEOF(t *testing.T) {
-	lp := &childStdio{}
+	lp := &Stdio{}
 	cfg := ioConfig{stdin: "stdin", stdinMarker: true, attachable: true}
 	sio, err := openStdio(cfg, lp, slog.New(slog.DiscardHandler))
 	if err != nil {
@@ -220,7 +220,7 @@ func TestLabelledOutputPiped(t *testing.T) {
 			if !tc.shared {
 				errPath, errR = testFIFO(t)
 			}
-			lp := &childStdio{}
+			lp := &Stdio{}
 			sio, err := openStdio(ioConfig{stdout: outPath, stderr: errPath, labelled: tc.labelled}, lp, slog.New(slog.DiscardHandler))
 			if err != nil {
 				t.Fatal(err)

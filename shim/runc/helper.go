@@ -1,4 +1,4 @@
-package task
+package runc
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/crisp-runtime/crisp/internal/spawn"
 	"github.com/crisp-runtime/crisp/internal/tracing"
+	"github.com/crisp-runtime/crisp/pkg/shimkit/task"
 )
 
 // HelperArg is the hidden first argument that makes the shim binary a short-lived task
@@ -104,18 +105,8 @@ type helperResponse struct {
 	// PrivatePID says the container has a PID namespace of its own (create).
 	PrivatePID bool `json:"private_pid,omitempty"`
 	// Rootfs is the directory create mounted the root filesystem at, "" if none.
-	Rootfs string      `json:"rootfs,omitempty"`
-	Cgroup *cgroupInfo `json:"cgroup,omitempty"`
-}
-
-// cgroupInfo is what the shim needs of a container's cgroups without libcontainer: the
-// directories per controller ("" for cgroup v2) for OOM watching, killing and listing,
-// and the path below the hierarchy roots that cgstats reads statistics from.
-type cgroupInfo struct {
-	Paths map[string]string `json:"paths,omitempty"`
-	Stats string            `json:"stats,omitempty"`
-	// StatsErr says why Stats is empty.
-	StatsErr string `json:"stats_err,omitempty"`
+	Rootfs string           `json:"rootfs,omitempty"`
+	Cgroup *task.CgroupInfo `json:"cgroup,omitempty"`
 }
 
 // helperWaitDelay bounds how long the shim waits for a helper's stdout to close after
@@ -129,15 +120,15 @@ const helperWaitDelay = 30 * time.Second
 // returns a nil response: what it did is unknown, and the caller has to clean up. A
 // cancellable ctx sends the helper SIGTERM when it ends (checkpoint stops CRIU then);
 // other actions run to their end so that nothing is left half done.
-func (s *Service) runHelper(ctx context.Context, action string, req *helperRequest, files []*os.File) (_ *helperResponse, err error) {
+func (r *Runner) runHelper(ctx context.Context, action string, req *helperRequest, files []*os.File) (_ *helperResponse, err error) {
 	ctx, span := tracing.Start(ctx, "shim.helper", attribute.String("crisp.helper.action", action), tracing.AttrContainerID.String(req.ID))
 	defer tracing.Finish(span, &err)
-	req.Root = s.root
+	req.Root = r.root
 	in, err := json.Marshal(req)
 	if err != nil {
 		return nil, internal("%s helper of container %q: encode request: %v", action, req.ID, err)
 	}
-	cmd := exec.CommandContext(ctx, s.helper, HelperArg, action, req.ID)
+	cmd := exec.CommandContext(ctx, r.helper, HelperArg, action, req.ID)
 	cmd.Cancel = func() error { return cmd.Process.Signal(unix.SIGTERM) }
 	cmd.WaitDelay = helperWaitDelay
 	cmd.Stdin = bytes.NewReader(in)
@@ -152,10 +143,10 @@ func (s *Service) runHelper(ctx context.Context, action string, req *helperReque
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	start := time.Now()
 	// The reaper's Start holds its gate only around the fork, so it may run there.
-	if err := spawn.Do(func() error { return s.reaper.Start(cmd) }); err != nil {
+	if err := spawn.Do(func() error { return r.reaper.Start(cmd) }); err != nil {
 		return nil, internal("%s helper of container %q: %v", action, req.ID, err)
 	}
-	werr := s.reaper.Wait(cmd)
+	werr := r.reaper.Wait(cmd)
 	var resp helperResponse
 	if err := json.Unmarshal(out.Bytes(), &resp); err != nil {
 		if werr == nil {
@@ -163,16 +154,16 @@ func (s *Service) runHelper(ctx context.Context, action string, req *helperReque
 		}
 		return nil, internal("%s helper of container %q gave no answer: %v", action, req.ID, werr)
 	}
-	s.log.Debug("task helper", "action", action, "container", req.ID, "duration", time.Since(start), "code", resp.Code)
+	r.log.Debug("task helper", "action", action, "container", req.ID, "duration", time.Since(start), "code", resp.Code)
 	if resp.Code != uint32(codes.OK) {
-		return &resp, withKind(kindOf(codes.Code(resp.Code)), resp.Error)
+		return &resp, task.Errorf(task.KindOf(codes.Code(resp.Code)), "%s", resp.Error)
 	}
 	return &resp, nil
 }
 
 // helperFiles lists the files of c for exec.Cmd.ExtraFiles and says which fd each gets
 // in the helper.
-func helperFiles(c *childStdio) ([]*os.File, helperStdio) {
+func helperFiles(c task.Stdio) ([]*os.File, helperStdio) {
 	var (
 		files []*os.File
 		fds   helperStdio
@@ -194,13 +185,13 @@ func helperFiles(c *childStdio) ([]*os.File, helperStdio) {
 // cleanupAfterHelper removes what a helper that gave no answer may have left of
 // container id: its processes, libcontainer state and cgroup, and its rootfs mount (the
 // one the bundle's spec names) if mountedRootfs says the create was asked to mount one.
-func (s *Service) cleanupAfterHelper(id, bundle string, mountedRootfs bool) {
+func (r *Runner) cleanupAfterHelper(id, bundle string, mountedRootfs bool) {
 	req := &helperRequest{ID: id, RootfsFromState: mountedRootfs}
 	if mountedRootfs {
 		req.Bundle = bundle
 	}
-	_, err := s.runHelper(context.Background(), helperDelete, req, nil)
+	_, err := r.runHelper(context.Background(), helperDelete, req, nil)
 	if err != nil {
-		s.log.Error("clean up after a failed task helper", "container", id, "error", err)
+		r.log.Error("clean up after a failed task helper", "container", id, "error", err)
 	}
 }

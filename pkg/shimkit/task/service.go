@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -24,11 +23,9 @@ import (
 	"github.com/crisp-runtime/crisp/internal/crilog"
 	"github.com/crisp-runtime/crisp/internal/podfiles"
 	"github.com/crisp-runtime/crisp/internal/version"
-	"github.com/crisp-runtime/crisp/shim/events"
-	"github.com/crisp-runtime/crisp/shim/reaper"
+	"github.com/crisp-runtime/crisp/pkg/shimkit/events"
+	"github.com/crisp-runtime/crisp/pkg/shimkit/reaper"
 
-	// Registers the device-rule backend that the cgroup v1 devices controller needs.
-	_ "github.com/opencontainers/cgroups/devices"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/opencontainers/selinux/go-selinux"
 	"golang.org/x/sys/unix"
@@ -37,10 +34,11 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
-// Reaper is the part of the shim's reaper the task service needs. The service runs
-// task helpers as its own children; the processes they start are re-parented to the
-// shim when the helper exits (or earlier), and the service claims their pids then, from
-// a subscription opened before the helper ran that caught those that exited meanwhile.
+// Reaper is the part of the shim's reaper (package reaper) the task service and a
+// runner need. A runner may run helpers as the shim's children (Start, Wait), as
+// crisp's runc runner does; the processes they start are re-parented to the shim when
+// the helper exits (or earlier), and the service claims their pids then, from a
+// subscription opened before the runner ran that caught those that exited meanwhile.
 type Reaper interface {
 	// Start starts cmd and tracks it for the caller, who must Wait.
 	Start(cmd *exec.Cmd) error
@@ -58,15 +56,12 @@ type Reaper interface {
 type Config struct {
 	// SandboxID is the pod this shim serves; containers naming another are refused.
 	SandboxID string
-	// StateRoot is libcontainer's state directory, owned by this shim.
-	StateRoot string
-	Logger    *slog.Logger
-	Reaper    Reaper
+	// Runner creates, starts, execs, updates and removes the containers.
+	Runner Runner
+	Logger *slog.Logger
+	Reaper Reaper
 	// Events receives containerd's task events; nil publishes none.
 	Events *events.Publisher
-	// Helper is the binary run as the task helper (HelperArg); "" is the running
-	// binary itself, which the shim is.
-	Helper string
 	// SandboxPid is the pause process of the sandbox this shim serves (false before
 	// StartSandbox, or with no sandbox); nil is none. Connect answers for the sandbox's
 	// id with it: containerd 2.x reconnects to a sandbox shim after its own restart by
@@ -90,12 +85,11 @@ type Service struct {
 	// sandboxPid is Config.SandboxPid.
 	sandboxPid func() (int, bool)
 	podFiles   func() (podfiles.Paths, bool)
-	root       string
+	runner     Runner
 	log        *slog.Logger
 	reaper     Reaper
 	events     *events.Publisher
 	onIdle     func()
-	helper     string
 
 	mu         sync.Mutex
 	containers map[string]*container
@@ -112,33 +106,23 @@ var (
 	_ shimapi.Service         = (*Service)(nil)
 )
 
-// New returns the service; it creates the state root.
+// New returns the service.
 func New(cfg Config) (*Service, error) {
-	if cfg.StateRoot == "" || !filepath.IsAbs(cfg.StateRoot) {
-		return nil, fmt.Errorf("task service: state root %q must be an absolute path", cfg.StateRoot)
+	if cfg.Runner == nil {
+		return nil, errors.New("task service: a runner is required")
 	}
 	if cfg.Reaper == nil {
 		return nil, errors.New("task service: a reaper is required")
-	}
-	if err := os.MkdirAll(cfg.StateRoot, 0o700); err != nil {
-		return nil, fmt.Errorf("task service: %w", err)
 	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
 	}
-	helper := cfg.Helper
-	if helper == "" {
-		// Not os.Executable's path: /proc/self/exe stays this binary even once an
-		// upgrade has replaced the file.
-		helper = "/proc/self/exe"
-	}
 	return &Service{
-		helper:     helper,
+		runner:     cfg.Runner,
 		sandboxID:  cfg.SandboxID,
 		sandboxPid: cfg.SandboxPid,
 		podFiles:   cfg.PodFiles,
-		root:       cfg.StateRoot,
 		log:        log,
 		reaper:     cfg.Reaper,
 		events:     cfg.Events,
@@ -210,12 +194,12 @@ func (s *Service) lookup(id, execID string) (*container, *process, error) {
 	return c, p, nil
 }
 
-// Create creates a container from the bundle's config.json: rootfs mounted, libcontainer
-// container created, init started up to the point where it waits for Start. A container
-// from a checkpoint is only prepared: Start restores it.
+// Create creates a container from the bundle's config.json through the runner: rootfs
+// mounted, container created, init started up to the point where it waits for Start.
+// A container from a checkpoint is only prepared: Start restores it.
 func (s *Service) Create(ctx context.Context, req *taskv3.CreateTaskRequest) (*taskv3.CreateTaskResponse, error) {
 	id := req.GetID()
-	if !validID(id) {
+	if !ValidID(id) {
 		return nil, invalid("container id %q: want 1-128 characters of [A-Za-z0-9_.+-]", id)
 	}
 	unreserve, err := s.reserve(id)
@@ -381,8 +365,9 @@ func isRuncOptions(typeURL string) bool {
 	return typeURL == runcOptionsName || strings.HasSuffix(typeURL, "/"+runcOptionsName)
 }
 
-// validID accepts what libcontainer accepts as a container id, bounded in length.
-func validID(id string) bool {
+// ValidID reports whether id can name a container or an exec: what runc accepts as a
+// container id, bounded in length.
+func ValidID(id string) bool {
 	if id == "" || len(id) > 128 {
 		return false
 	}
@@ -415,10 +400,8 @@ func (s *Service) Start(ctx context.Context, req *taskv3.StartRequest) (*taskv3.
 	case taskapi.Status_STOPPED:
 		return nil, failedPrecondition("container %q has exited", c.id)
 	}
-	// Opens the exec fifo, as libcontainer's Exec does: the init runs the program once
-	// it sees the reader. Nothing of libcontainer is needed for it, so no helper runs.
-	if err := startInit(filepath.Join(s.root, c.id, execFifoName), p.done); err != nil {
-		return nil, failedPrecondition("start container %q: %v", c.id, err)
+	if err := s.runner.Start(ctx, c.id, p.done); err != nil {
+		return nil, err
 	}
 	p.setRunning()
 	pid, _ := p.started()
@@ -445,22 +428,20 @@ func (s *Service) startExec(ctx context.Context, c *container, execID string) (_
 	if st, _, _ := c.init.state(); st == taskapi.Status_STOPPED {
 		return nil, failedPrecondition("container %q is not running", c.id)
 	}
-	var child childStdio
+	var child Stdio
 	sio, err := openStdio(p.io, &child, c.log.With("exec", execID))
 	if err != nil {
 		return nil, internal("exec %q: %v", execID, err)
 	}
-	files, fds := helperFiles(&child)
 	sub := s.reaper.Subscribe()
 	defer sub.Close()
-	resp, err := s.runHelper(context.WithoutCancel(ctx), helperExec, &helperRequest{
-		ID: c.id, ExecID: execID, Terminal: p.io.terminal, Process: p.spec, Stdio: fds,
-	}, files)
+	pid, err := s.runner.Exec(context.WithoutCancel(ctx), &ExecRequest{
+		ID: c.id, ExecID: execID, Terminal: p.io.terminal, Process: p.spec, Stdio: child,
+	})
 	if err != nil {
 		sio.abort()
 		return nil, err
 	}
-	pid := resp.Pid
 	ws, exited := s.reaper.Claim(sub, pid)
 	sub.Close()
 	startErr := p.setStarted(pid, sio, ws, exited)
@@ -601,14 +582,14 @@ func (s *Service) Exec(ctx context.Context, req *taskv3.ExecProcessRequest) (*em
 		return nil, err
 	}
 	execID := req.GetExecID()
-	if !validID(execID) {
+	if !ValidID(execID) {
 		return nil, invalid("exec id %q: want 1-128 characters of [A-Za-z0-9_.+-]", execID)
 	}
 	a := req.GetSpec()
 	if a == nil || a.GetTypeUrl() != processTypeURL {
 		return nil, invalid("exec spec must be a %s, got %q", processTypeURL, a.GetTypeUrl())
 	}
-	// Only what validateProcess looks at is decoded: the helper decodes the whole
+	// Only what validateProcess looks at is decoded: the runner decodes the whole
 	// process, and decoding it here would keep encoding/json's caches for every OCI
 	// type it holds alive in the shim.
 	var spec struct {
@@ -789,7 +770,7 @@ func (s *Service) Update(ctx context.Context, req *taskv3.UpdateTaskRequest) (*e
 	if a == nil || a.GetTypeUrl() != resourcesTypeURL {
 		return nil, invalid("resources must be a %s, got %q", resourcesTypeURL, a.GetTypeUrl())
 	}
-	// Decoded by the helper, into OCI types the shim does not keep caches for.
+	// Decoded by the runner, into OCI types the shim does not keep caches for.
 	if !json.Valid(a.GetValue()) {
 		return nil, invalid("decode resources: not valid JSON")
 	}
@@ -800,7 +781,7 @@ func (s *Service) Update(ctx context.Context, req *taskv3.UpdateTaskRequest) (*e
 	if c.init.exited() {
 		return nil, failedPrecondition("container %q is not running", c.id)
 	}
-	if _, err := s.runHelper(context.WithoutCancel(ctx), helperUpdate, &helperRequest{ID: c.id, Resources: a.GetValue()}, nil); err != nil {
+	if err := s.runner.Update(context.WithoutCancel(ctx), c.id, a.GetValue()); err != nil {
 		return nil, err
 	}
 	return &emptypb.Empty{}, nil

@@ -35,6 +35,24 @@ func alreadyExists(format string, args ...any) error {
 	return withKind(errdefs.ErrAlreadyExists, fmt.Sprintf(format, args...))
 }
 
+func unimplemented(format string, args ...any) error {
+	return withKind(errdefs.ErrNotImplemented, fmt.Sprintf(format, args...))
+}
+
+// Errorf is an error of an errdefs kind (errdefs.ErrInvalidArgument, ...) whose text is
+// the formatted message alone: what a Runner returns so that the caller gets the
+// kind's gRPC code and the message unchanged.
+func Errorf(kind error, format string, args ...any) error {
+	return withKind(kind, fmt.Sprintf(format, args...))
+}
+
+// CodeOf is the gRPC code of err's errdefs kind; false for an error of no kind.
+func CodeOf(err error) (codes.Code, bool) { return codeOf(err) }
+
+// KindOf is the errdefs kind of a gRPC code (errdefs.ErrUnknown for one the kit does
+// not map): how a Runner turns a code its helper answered back into a kind.
+func KindOf(code codes.Code) error { return kindOf(code) }
+
 // withKind is an error of kind whose text is msg alone (fmt.Errorf's "%w" would append
 // the kind's name to the message the wire has always carried).
 func withKind(kind error, msg string) error {

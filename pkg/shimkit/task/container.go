@@ -36,7 +36,7 @@ const (
 	killTimeout = 10 * time.Second
 )
 
-// container is one libcontainer container of the pod.
+// container is one container of the pod.
 type container struct {
 	id     string
 	bundle string
@@ -61,9 +61,9 @@ type container struct {
 	mu      sync.Mutex // guards execs, deleted, cgInfo and cg
 	execs   map[string]*process
 	deleted bool
-	// cgInfo is what the helper that created (or restored) the container reported of its
-	// cgroups; nil if it reported none.
-	cgInfo *cgroupInfo
+	// cgInfo is what the runner that created (or restored) the container reported of
+	// its cgroups; nil if it reported none.
+	cgInfo *CgroupInfo
 	// cg is the container's cgroup for Stats, loaded on the first call (loading probes
 	// every hierarchy; a shim nobody asks for stats never pays for it).
 	cg *cgstats.Cgroup
@@ -72,8 +72,8 @@ type container struct {
 	traceParent trace.Span
 }
 
-// newContainer creates the container req asks for and starts its init, which waits at
-// libcontainer's exec fifo for Start. Each step undoes itself when a later one fails.
+// newContainer creates the container req asks for and starts its init, which waits for
+// Start. Each step undoes itself when a later one fails.
 func (s *Service) newContainer(ctx context.Context, req *taskv3.CreateTaskRequest, opts *optionsv1.ContainerOptions) (_ *container, retErr error) {
 	// 1. The container and its log file.
 	c, err := s.openContainer(req, opts)
@@ -85,29 +85,23 @@ func (s *Service) newContainer(ctx context.Context, req *taskv3.CreateTaskReques
 			c.closeLog()
 		}
 	}()
-	// 2. The init's stdio: the shim's ends stay, the process's go to the helper.
+	// 2. The init's stdio: the shim's ends stay, the process's go to the runner.
 	p := newProcessState("", initIO(req, c.logw, labelledProcess(c.bundle)))
-	var child childStdio
+	var child Stdio
 	sio, err := openStdio(p.io, &child, c.log)
 	if err != nil {
 		return nil, internal("container %q: %v", c.id, err)
 	}
-	files, fds := helperFiles(&child)
-	hreq := createHelperRequest(req)
-	hreq.Stdio = fds
-	// 3. The helper mounts the rootfs, creates the libcontainer container and starts
-	// the init. Exits of orphans are recorded meanwhile: the init may exit before the
-	// helper names it.
+	creq := createRequest(req)
+	creq.Stdio = child
+	// 3. The runner creates the container and starts the init up to its Start. Exits
+	// of orphans are recorded meanwhile: the init may exit before the runner names it.
 	sub := s.reaper.Subscribe()
 	defer sub.Close()
-	// The helper runs to its end whatever the caller does (see runHelper); only the
-	// trace goes with it.
-	resp, err := s.runHelper(context.WithoutCancel(ctx), helperCreate, hreq, files)
+	// The runner runs to its end whatever the caller does; only the trace goes with it.
+	resp, err := s.runner.Create(context.WithoutCancel(ctx), creq)
 	if err != nil {
 		sio.abort()
-		if resp == nil {
-			s.cleanupAfterHelper(c.id, c.bundle, len(hreq.Rootfs) > 0)
-		}
 		return nil, err
 	}
 	c.setCreated(resp)
@@ -124,16 +118,16 @@ func (s *Service) newContainer(ctx context.Context, req *taskv3.CreateTaskReques
 }
 
 // newContainerFromCheckpoint prepares the container req restores from its checkpoint:
-// the helper only mounts the rootfs and creates the libcontainer container, and Start
-// restores the processes, as containerd's runc shim does, so that the CRI's created and
-// started states stay apart.
+// the runner only prepares the container (for runc: mounts the rootfs and creates the
+// libcontainer container), and Start restores the processes, as containerd's runc shim
+// does, so that the CRI's created and started states stay apart.
 func (s *Service) newContainerFromCheckpoint(ctx context.Context, req *taskv3.CreateTaskRequest, opts *optionsv1.ContainerOptions) (_ *container, retErr error) {
 	id, images := req.GetID(), req.GetCheckpoint()
+	if _, ok := s.runner.(Checkpointer); !ok {
+		return nil, unimplemented("container %q: this shim cannot restore checkpoints", id)
+	}
 	if !filepath.IsAbs(images) {
 		return nil, invalid("checkpoint %q of container %q must be an absolute path", images, id)
-	}
-	if _, err := os.Stat(filepath.Join(images, descriptorsFile)); err != nil {
-		return nil, invalid("checkpoint %q of container %q holds no CRIU images of a container (%s): %v", images, id, descriptorsFile, err)
 	}
 	c, err := s.openContainer(req, opts)
 	if err != nil {
@@ -144,11 +138,7 @@ func (s *Service) newContainerFromCheckpoint(ctx context.Context, req *taskv3.Cr
 			c.closeLog()
 		}
 	}()
-	hreq := createHelperRequest(req)
-	resp, err := s.runHelper(context.WithoutCancel(ctx), helperCreate, hreq, nil)
-	if resp == nil && err != nil {
-		s.cleanupAfterHelper(id, c.bundle, len(hreq.Rootfs) > 0)
-	}
+	resp, err := s.runner.Create(context.WithoutCancel(ctx), createRequest(req))
 	if err != nil {
 		return nil, err
 	}
@@ -193,17 +183,17 @@ func initIO(req *taskv3.CreateTaskRequest, logw *crilog.Writer, labelled bool) i
 	}
 }
 
-// createHelperRequest is the create helper's request for req.
-func createHelperRequest(req *taskv3.CreateTaskRequest) *helperRequest {
-	hreq := &helperRequest{ID: req.GetID(), Bundle: req.GetBundle(), Terminal: req.GetTerminal(), Checkpoint: req.GetCheckpoint()}
+// createRequest is the runner's request for req.
+func createRequest(req *taskv3.CreateTaskRequest) *CreateRequest {
+	creq := &CreateRequest{ID: req.GetID(), Bundle: req.GetBundle(), Terminal: req.GetTerminal(), Checkpoint: req.GetCheckpoint()}
 	for _, m := range req.GetRootfs() {
-		hreq.Rootfs = append(hreq.Rootfs, helperMount{Type: m.GetType(), Source: m.GetSource(), Options: m.GetOptions()})
+		creq.Rootfs = append(creq.Rootfs, Mount{Type: m.GetType(), Source: m.GetSource(), Options: m.GetOptions()})
 	}
-	return hreq
+	return creq
 }
 
-// setCreated records what the create helper reported of the container.
-func (c *container) setCreated(resp *helperResponse) {
+// setCreated records what the runner reported of the container.
+func (c *container) setCreated(resp *Created) {
 	c.privatePID, c.rootfs, c.cgInfo = resp.PrivatePID, resp.Rootfs, resp.Cgroup
 }
 
@@ -233,7 +223,7 @@ func (s *Service) watchInit(c *container, p *process, sio *stdio, pid int, ws un
 	return err
 }
 
-// undoCreate kills and destroys a container whose Create failed after the helper
+// undoCreate kills and destroys a container whose Create failed after the runner
 // created it.
 func (c *container) undoCreate() {
 	if err := c.stop(); err != nil {
@@ -463,7 +453,7 @@ func (c *container) stopExec(p *process) error {
 }
 
 // destroy removes what the container holds once its processes are gone: stdio, log, OOM
-// watch, and, through a helper, libcontainer state, cgroup leaf and the rootfs mount.
+// watch, and, through the runner, its state, cgroup leaf and the rootfs mount.
 func (c *container) destroy() error {
 	if _, sio := c.init.started(); sio != nil {
 		sio.close()
@@ -474,6 +464,5 @@ func (c *container) destroy() error {
 	if c.oom != nil {
 		c.oom.stop()
 	}
-	_, err := c.svc.runHelper(context.Background(), helperDelete, &helperRequest{ID: c.id, RootfsDir: c.rootfs}, nil)
-	return err
+	return c.svc.runner.Delete(context.Background(), c.id, c.rootfs)
 }

@@ -1,4 +1,4 @@
-package task
+package runc
 
 import (
 	"context"
@@ -15,7 +15,8 @@ import (
 	taskv3 "github.com/crisp-runtime/crisp/api/containerd/task/v3"
 	"github.com/crisp-runtime/crisp/api/containerd/types"
 	"github.com/crisp-runtime/crisp/internal/testutil"
-	"github.com/crisp-runtime/crisp/shim/reaper"
+	"github.com/crisp-runtime/crisp/pkg/shimkit/reaper"
+	"github.com/crisp-runtime/crisp/pkg/shimkit/task"
 )
 
 // fakeHelper writes an executable that stands in for the task helper: it records its
@@ -47,19 +48,25 @@ func TestHelperAnswers(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			helper, record := fakeHelper(t, tt.body)
-			s, err := New(Config{StateRoot: t.TempDir(), Reaper: reaper.New(discard()), Logger: discard(), Helper: helper})
+			rp := reaper.New(discard())
+			r, err := New(Config{StateRoot: t.TempDir(), Reaper: rp, Logger: discard(), Helper: helper})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := task.New(task.Config{Runner: r, Reaper: rp, Logger: discard()})
 			if err != nil {
 				t.Fatal(err)
 			}
 			bundle := t.TempDir()
 			_, err = s.Create(context.Background(), &taskv3.CreateTaskRequest{ID: "c1", Bundle: bundle,
 				Rootfs: []*types.Mount{{Type: "bind", Source: "/", Options: []string{"rbind"}}}})
-			st, _ := status.FromError(GRPCStatus(err))
+			st, _ := status.FromError(task.GRPCStatus(err))
 			if st.Code() != tt.code || !strings.Contains(st.Message(), tt.msg) {
 				t.Fatalf("Create = %v; want %v containing %q", err, tt.code, tt.msg)
 			}
-			if len(s.containers) != 0 || len(s.reserved) != 0 {
-				t.Errorf("containers %v, reserved %v left after a failed create", s.containers, s.reserved)
+			// Nothing is left of the id: not listed, and free for the next Create.
+			if _, err := s.State(context.Background(), &taskv3.StateRequest{ID: "c1"}); status.Code(task.GRPCStatus(err)) != codes.NotFound {
+				t.Errorf("State of c1 after a failed create = %v, want NotFound", err)
 			}
 			data, err := os.ReadFile(record)
 			if err != nil {
@@ -88,7 +95,7 @@ func TestHelperFiles(t *testing.T) {
 	}
 	defer r.Close()
 	defer w.Close()
-	files, fds := helperFiles(&childStdio{Stdin: r, Stderr: w})
+	files, fds := helperFiles(task.Stdio{Stdin: r, Stderr: w})
 	if len(files) != 2 || files[0] != r || files[1] != w {
 		t.Fatalf("files = %v", files)
 	}

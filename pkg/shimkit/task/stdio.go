@@ -91,15 +91,9 @@ type output struct {
 	done func() // runs when the copy ends (flushes a log stream)
 }
 
-// childStdio are the process's ends of its stdio and its console socket: the shim
-// passes them to the task helper, which gives them to libcontainer (nil: none).
-type childStdio struct {
-	Stdin, Stdout, Stderr, ConsoleSocket *os.File
-}
-
 // openStdio prepares the stdio of a process before it is started and sets lp to the
 // process's ends. On error nothing stays open.
-func openStdio(cfg ioConfig, lp *childStdio, log *slog.Logger) (_ *stdio, retErr error) {
+func openStdio(cfg ioConfig, lp *Stdio, log *slog.Logger) (_ *stdio, retErr error) {
 	s := &stdio{log: log, drained: make(chan struct{}), fans: map[string]*fifoio.Fanout{}}
 	defer func() {
 		if retErr != nil {
@@ -140,7 +134,7 @@ type terminal struct {
 
 // openTerminal makes s a terminal: the process gets a console socket, and its output
 // goes to the CRI log, the caller's stdout FIFO, or nowhere, always through a fanout.
-func openTerminal(s *stdio, cfg ioConfig, lp *childStdio) error {
+func openTerminal(s *stdio, cfg ioConfig, lp *Stdio) error {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("console socket: %w", err)
@@ -251,7 +245,7 @@ type pipes struct{}
 
 // openPipes makes s pipes: the process's stdin (a pipe the shim keeps for attach
 // sessions, or one fed from the caller's FIFO) and its stdout and stderr.
-func openPipes(s *stdio, cfg ioConfig, lp *childStdio) error {
+func openPipes(s *stdio, cfg ioConfig, lp *Stdio) error {
 	s.kind = pipes{}
 	if err := s.openStdinPipe(cfg, lp); err != nil {
 		return err
@@ -331,7 +325,7 @@ func (s *stdio) outputFIFO(name, path string, opened map[string]*os.File) (*os.F
 // openStdinPipe gives the process a stdin pipe when it has a stdin: for a marker, the
 // shim keeps the write end open for attach sessions (CloseIO closes it); for a FIFO, a
 // copier feeds it.
-func (s *stdio) openStdinPipe(cfg ioConfig, lp *childStdio) error {
+func (s *stdio) openStdinPipe(cfg ioConfig, lp *Stdio) error {
 	if cfg.stdin == "" {
 		return nil
 	}

@@ -1,19 +1,13 @@
 package task
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
-	"github.com/opencontainers/runc/libcontainer"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -21,16 +15,12 @@ import (
 
 	taskv3 "github.com/crisp-runtime/crisp/api/containerd/task/v3"
 	taskapi "github.com/crisp-runtime/crisp/api/containerd/types/task"
-	"github.com/crisp-runtime/crisp/shim/events"
+	"github.com/crisp-runtime/crisp/pkg/shimkit/events"
 )
 
 // CheckpointOptionsTypeURL is the type of the options Checkpoint accepts: containerd's
 // runc shim options, so containerd's CRI plugin and crisp's controller send the same.
 const CheckpointOptionsTypeURL = "type.googleapis.com/containerd.runc.v1.CheckpointOptions"
-
-// descriptorsFile is what libcontainer writes next to the CRIU images at checkpoint
-// time: the paths of the init's stdio, which restore maps onto the new process's pipes.
-const descriptorsFile = "descriptors.json"
 
 // checkpointOptions is containerd.runc.v1.CheckpointOptions. It is decoded by hand: the
 // generated package would add a proto registry entry and its init to every pod's shim
@@ -108,10 +98,14 @@ func emptyNamespaceFlags(names []string) (uint32, error) {
 	return flags, nil
 }
 
-// Checkpoint dumps a running container with CRIU (libcontainer's Checkpoint) into the
-// request's path; with options.exit the container is stopped afterwards, else it keeps
+// Checkpoint dumps a running container (the runner's Checkpointer: CRIU for runc) into
+// the request's path; with options.exit the container is stopped afterwards, else it keeps
 // running (what CRI-O and containerd's CRI do for kubelet's forensic checkpoints).
 func (s *Service) Checkpoint(ctx context.Context, req *taskv3.CheckpointTaskRequest) (*emptypb.Empty, error) {
+	cp, ok := s.runner.(Checkpointer)
+	if !ok {
+		return nil, unimplemented("checkpoint container %q: this shim cannot checkpoint containers", req.GetID())
+	}
 	c, err := s.get(req.GetID())
 	if err != nil {
 		return nil, err
@@ -151,7 +145,8 @@ func (s *Service) Checkpoint(ctx context.Context, req *taskv3.CheckpointTaskRequ
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	hreq := &helperRequest{ID: c.id, Criu: &helperCriu{
+	creq := &CheckpointRequest{
+		ID:           c.id,
 		Images:       images,
 		Work:         opts.workPath,
 		LeaveRunning: !opts.exit,
@@ -163,11 +158,11 @@ func (s *Service) Checkpoint(ctx context.Context, req *taskv3.CheckpointTaskRequ
 		FileLocks:   opts.fileLocks,
 		EmptyNS:     emptyNS,
 		CgroupsMode: opts.cgroupsMode,
-	}}
+	}
 	start := time.Now()
-	// The helper runs CRIU; when ctx ends it gets SIGTERM, kills CRIU and thaws the
-	// container (a CRIU that hangs would otherwise hold the container's lock for good).
-	if _, err := s.runHelper(ctx, helperCheckpoint, hreq, nil); err != nil {
+	// When ctx ends the runner stops the dump and thaws the container (a CRIU that
+	// hangs would otherwise hold the container's lock for good).
+	if err := cp.Checkpoint(ctx, creq); err != nil {
 		return nil, err
 	}
 	c.log.Info("container checkpointed", "images", images, "leave_running", !opts.exit, "duration", time.Since(start))
@@ -180,6 +175,10 @@ func (s *Service) Checkpoint(ctx context.Context, req *taskv3.CheckpointTaskRequ
 // CheckpointPod pauses all the containers it captures before it dumps any, so that the
 // pod's checkpoint is one cut; CRIU dumps a frozen container and leaves it frozen.
 func (s *Service) Pause(ctx context.Context, req *taskv3.PauseRequest) (*emptypb.Empty, error) {
+	pr, ok := s.runner.(Pauser)
+	if !ok {
+		return nil, unimplemented("pause container %q: this shim cannot pause containers", req.GetID())
+	}
 	c, err := s.getLocked(req.GetID())
 	if err != nil {
 		return nil, err
@@ -188,7 +187,7 @@ func (s *Service) Pause(ctx context.Context, req *taskv3.PauseRequest) (*emptypb
 	if st, _, _ := c.init.state(); st != taskapi.Status_RUNNING {
 		return nil, failedPrecondition("container %q is not running: only running containers can be paused", c.id)
 	}
-	if _, err := s.runHelper(context.Background(), helperPause, &helperRequest{ID: c.id}, nil); err != nil {
+	if err := pr.Pause(context.Background(), c.id); err != nil {
 		return nil, err
 	}
 	c.paused.Store(true)
@@ -201,12 +200,16 @@ func (s *Service) Pause(ctx context.Context, req *taskv3.PauseRequest) (*emptypb
 // freezer a timed-out checkpoint already thawed) succeeds: callers resume on every
 // path out of a pod checkpoint and must be able to repeat it.
 func (s *Service) Resume(ctx context.Context, req *taskv3.ResumeRequest) (*emptypb.Empty, error) {
+	pr, ok := s.runner.(Pauser)
+	if !ok {
+		return nil, unimplemented("resume container %q: this shim cannot pause containers", req.GetID())
+	}
 	c, err := s.getLocked(req.GetID())
 	if err != nil {
 		return nil, err
 	}
 	defer c.opMu.Unlock()
-	if _, err := s.runHelper(context.Background(), helperResume, &helperRequest{ID: c.id}, nil); err != nil {
+	if err := pr.Resume(context.Background(), c.id); err != nil {
 		return nil, err
 	}
 	if c.paused.Swap(false) {
@@ -222,8 +225,8 @@ type restoreSpec struct {
 	images string
 }
 
-// startRestore restores c's processes from its checkpoint with CRIU (in a helper,
-// libcontainer's Restore): they join the container's new cgroup, the pod's network
+// startRestore restores c's processes from its checkpoint through the runner (for
+// runc: CRIU in a helper, libcontainer's Restore): they join the container's new cgroup, the pod's network
 // namespace (the dumped one is external, CRIU gets the new one as an inherited fd) and
 // its IPC and UTS namespaces, and their stdout and stderr become the pipes to the CRI log
 // (CRIU maps the dumped pipe inodes from descriptors.json onto the fds it is given).
@@ -233,18 +236,18 @@ func (s *Service) startRestore(ctx context.Context, c *container) (*taskv3.Start
 		return nil, err
 	}
 	p := c.init
-	var child childStdio
+	var child Stdio
 	sio, err := openStdio(p.io, &child, c.log)
 	if err != nil {
 		return nil, internal("container %q: %v", c.id, err)
 	}
-	files, fds := helperFiles(&child)
 	start := time.Now()
 	sub := s.reaper.Subscribe()
 	defer sub.Close()
-	resp, err := s.runHelper(context.Background(), helperRestore, &helperRequest{
-		ID: c.id, Bundle: c.bundle, Terminal: p.io.terminal, Checkpoint: c.restore.images, Stdio: fds,
-	}, files)
+	// Create with a checkpoint checked that the runner is a Checkpointer.
+	resp, err := s.runner.(Checkpointer).Restore(context.Background(), &RestoreRequest{
+		ID: c.id, Bundle: c.bundle, Terminal: p.io.terminal, Checkpoint: c.restore.images, Stdio: child,
+	})
 	if err != nil {
 		sio.abort()
 		return nil, err
@@ -283,97 +286,4 @@ func (c *container) abandonRestore() {
 	if pid, _ := c.init.started(); pid == 0 && c.restore != nil && !c.init.exited() {
 		c.init.setExited(0, time.Now())
 	}
-}
-
-// criuLogErrors returns the lines of a CRIU log that report errors (at most the last
-// five), formatted to end an error message: CRIU's errno alone says nothing actionable.
-func criuLogErrors(path string) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return ""
-	}
-	var lines []string
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		if l := sc.Text(); strings.Contains(l, "Error") || strings.Contains(l, "err:") {
-			lines = append(lines, strings.TrimSpace(l))
-		}
-	}
-	if len(lines) == 0 {
-		return fmt.Sprintf(" (see %s)", path)
-	}
-	if len(lines) > 5 {
-		lines = lines[len(lines)-5:]
-	}
-	return fmt.Sprintf(": %s (log %s)", strings.Join(lines, "; "), path)
-}
-
-func criuLogDir(images, work string) string {
-	if work != "" {
-		return work
-	}
-	return images
-}
-
-// criuLogTail returns the last line of a CRIU log, to end an error message: where a
-// hung CRIU stopped.
-func criuLogTail(path string) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return ""
-	}
-	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
-	return fmt.Sprintf(" (last line of %s: %q)", path, lines[len(lines)-1])
-}
-
-// watchCRIU kills the helper's CRIU children when ctx ends before the returned stop is
-// called, and thaws the container's freezer cgroup CRIU may have left frozen, so the
-// container runs on. stop reports whether it had to.
-func watchCRIU(ctx context.Context, lc *libcontainer.Container, log *slog.Logger) (stop func() bool) {
-	done := make(chan struct{})
-	fired := make(chan bool, 1)
-	go func() {
-		select {
-		case <-done:
-			fired <- false
-		case <-ctx.Done():
-			for _, pid := range criuChildren() {
-				log.Warn("killing CRIU past the checkpoint deadline", "pid", pid)
-				_ = unix.Kill(pid, unix.SIGKILL)
-			}
-			if st, err := lc.State(); err == nil {
-				if dir := st.CgroupPaths["freezer"]; dir != "" {
-					_ = os.WriteFile(filepath.Join(dir, "freezer.state"), []byte("THAWED"), 0)
-				}
-			}
-			fired <- true
-		}
-	}()
-	return func() bool {
-		close(done)
-		return <-fired
-	}
-}
-
-// criuChildren lists the helper's child processes that run criu.
-func criuChildren() []int {
-	var pids []int
-	tasks, _ := os.ReadDir("/proc/self/task")
-	for _, t := range tasks {
-		data, err := os.ReadFile(filepath.Join("/proc/self/task", t.Name(), "children"))
-		if err != nil {
-			continue
-		}
-		for _, f := range strings.Fields(string(data)) {
-			pid, err := strconv.Atoi(f)
-			if err != nil {
-				continue
-			}
-			if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err == nil && strings.TrimSpace(string(comm)) == "criu" {
-				pids = append(pids, pid)
-			}
-		}
-	}
-	return pids
 }

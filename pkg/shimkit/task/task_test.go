@@ -13,15 +13,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/opencontainers/cgroups"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/containerd/errdefs"
 
 	taskv3 "github.com/crisp-runtime/crisp/api/containerd/task/v3"
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/internal/fifoio"
-	"github.com/crisp-runtime/crisp/shim/reaper"
+	"github.com/crisp-runtime/crisp/pkg/shimkit/reaper"
 )
 
 func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -31,88 +31,9 @@ func TestValidID(t *testing.T) {
 		"abc": true, "a-b_c.d+e": true, strings.Repeat("x", 128): true,
 		"": false, "a/b": false, "..x/": false, "a b": false, strings.Repeat("x", 129): false,
 	} {
-		if got := validID(id); got != want {
-			t.Errorf("validID(%q) = %v, want %v", id, got, want)
+		if got := ValidID(id); got != want {
+			t.Errorf("ValidID(%q) = %v, want %v", id, got, want)
 		}
-	}
-}
-
-func TestLibcontainerConfigPaths(t *testing.T) {
-	bundle := t.TempDir()
-	spec := &specs.Spec{
-		Version: specs.Version,
-		Root:    &specs.Root{Path: "rootfs"},
-		Process: &specs.Process{Args: []string{"true"}, Cwd: "/"},
-		Mounts: []specs.Mount{
-			{Destination: "/data", Type: "bind", Source: "data", Options: []string{"rbind"}},
-			{Destination: "/abs", Type: "none", Source: "/srv", Options: []string{"bind"}},
-			{Destination: "/proc", Type: "proc", Source: "proc"},
-		},
-		Linux: &specs.Linux{
-			CgroupsPath: "/pod/ctr",
-			Namespaces:  []specs.LinuxNamespace{{Type: specs.MountNamespace}, {Type: specs.PIDNamespace, Path: "/proc/1/ns/pid"}},
-		},
-	}
-	cfg, err := libcontainerConfig("ctr", bundle, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cfg.Rootfs != filepath.Join(bundle, "rootfs") {
-		t.Errorf("rootfs = %s", cfg.Rootfs)
-	}
-	srcs := map[string]string{}
-	for _, m := range cfg.Mounts {
-		srcs[m.Destination] = m.Source
-	}
-	if srcs["/data"] != filepath.Join(bundle, "data") || srcs["/abs"] != "/srv" || srcs["/proc"] != "proc" {
-		t.Errorf("mount sources = %v", srcs)
-	}
-	found := false
-	for _, l := range cfg.Labels {
-		if l == "bundle="+bundle {
-			found = true
-		}
-	}
-	if !found {
-		t.Errorf("labels %v lack bundle=%s", cfg.Labels, bundle)
-	}
-	if cfg.Cgroups.Path != "/pod/ctr" || cfg.Cgroups.Systemd || cfg.Cgroups.Resources == nil {
-		t.Errorf("cgroup = %+v", cfg.Cgroups)
-	}
-	if cfg.ParentDeathSignal != 0 {
-		t.Errorf("parent death signal %d: containers would die with the shim", cfg.ParentDeathSignal)
-	}
-	if privatePIDNamespace(spec) {
-		t.Error("a pid namespace with a path is shared")
-	}
-	spec.Linux.Namespaces[1].Path = ""
-	if !privatePIDNamespace(spec) {
-		t.Error("a pid namespace without a path is the container's own")
-	}
-}
-
-func TestUpdateResources(t *testing.T) {
-	quota, period := int64(50000), uint64(100000)
-	shares := uint64(512)
-	limit := int64(-1)
-	pids := int64(64)
-	cur := &cgroups.Resources{Memory: 1 << 30, CpuQuota: 1, CpuPeriod: 2, CpusetCpus: "0"}
-	got := updateResources(cur, &specs.LinuxResources{
-		Memory: &specs.LinuxMemory{Limit: &limit},
-		CPU:    &specs.LinuxCPU{Quota: &quota, Period: &period, Shares: &shares},
-		Pids:   &specs.LinuxPids{Limit: &pids},
-	})
-	if cur.Memory != 1<<30 || cur.CpuQuota != 1 {
-		t.Error("the current resources were modified")
-	}
-	if got.Memory != -1 || got.MemorySwap != 0 || got.CpuQuota != quota || got.CpuPeriod != period ||
-		got.CpuShares != 512 || got.CpuWeight == 0 || *got.PidsLimit != 64 || got.CpusetCpus != "0" {
-		t.Errorf("updated = %+v", got)
-	}
-	// Quota alone keeps the period.
-	got = updateResources(cur, &specs.LinuxResources{CPU: &specs.LinuxCPU{Quota: &quota}})
-	if got.CpuQuota != quota || got.CpuPeriod != 2 {
-		t.Errorf("quota only: quota %d period %d", got.CpuQuota, got.CpuPeriod)
 	}
 }
 
@@ -301,7 +222,7 @@ func TestOpenStdioDirectFIFO(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := fdCount(t)
-	lp := &childStdio{}
+	lp := &Stdio{}
 	s, err := openStdio(ioConfig{stdout: path, stderr: path}, lp, discard())
 	if err != nil {
 		t.Fatal(err)
@@ -382,7 +303,7 @@ func TestUnpackOptions(t *testing.T) {
 func TestShutdownWhenIdle(t *testing.T) {
 	for _, busy := range []bool{false, true} {
 		called := make(chan struct{}, 1)
-		s, err := New(Config{StateRoot: t.TempDir(), Reaper: reaper.New(discard()), Logger: discard(),
+		s, err := New(Config{Runner: noRunner{}, Reaper: reaper.New(discard()), Logger: discard(),
 			OnIdleShutdown: func() { called <- struct{}{} }})
 		if err != nil {
 			t.Fatal(err)
@@ -412,3 +333,16 @@ func TestShutdownWhenIdle(t *testing.T) {
 		}
 	}
 }
+
+// noRunner is a Runner for tests that create no container.
+type noRunner struct{}
+
+func (noRunner) Create(context.Context, *CreateRequest) (*Created, error) {
+	return nil, Errorf(errdefs.ErrNotImplemented, "no runner")
+}
+func (noRunner) Start(context.Context, string, <-chan struct{}) error {
+	return errdefs.ErrNotImplemented
+}
+func (noRunner) Exec(context.Context, *ExecRequest) (int, error) { return 0, errdefs.ErrNotImplemented }
+func (noRunner) Update(context.Context, string, []byte) error    { return errdefs.ErrNotImplemented }
+func (noRunner) Delete(context.Context, string, string) error    { return nil }
