@@ -16,8 +16,15 @@
 //
 // # Packages
 //
+//   - shimkit (this package): Serve, the serving shim: the ttrpc server on the socket
+//     `start` handed over, with the sandboxer's sandbox service (Sandbox) and the
+//     kit's task service over its task.Runner, task events, signals and shutdown.
 //   - bootstrap: the binary's modes other than serving: `start` (containerd's
 //     BootstrapParams or the legacy flags and environment, the socket, the serving
 //     shim re-executed in its own session), `delete`'s socket removal and answer,
 //     `-info`, the version, and the listener the serving shim inherits.
+//   - task: the task API (containerd.task.v3 and v2, crisp.shim.v1.Shim) over a
+//     Runner: stdio, terminals, CRI logs, attach, exits, OOM kills, stats.
+//   - events: task events to the caller's event service.
+//   - reaper: the child subreaper.
 package shimkit

@@ -576,8 +576,8 @@ func Cleanup(ctx context.Context, dir string, log *slog.Logger) (Exit, error) {
 	return Exit{Pid: uint32(st.PausePid), Status: *st.ExitStatus, ExitedAt: *st.ExitedAt}, errors.Join(errs...)
 }
 
-// PausePid is the pod's pause process, once StartSandbox has started it.
-func (s *Service) PausePid() (int, bool) {
+// Pid is the pod's pause process, once StartSandbox has started it.
+func (s *Service) Pid() (int, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.sb == nil || s.sb.pause == nil {
