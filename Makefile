@@ -28,11 +28,11 @@ SHIMBUILD := CGO_ENABLED=1 $(GO) build -trimpath -tags '$(TAGS) osusergo netgo' 
 	-ldflags '$(LDFLAGS) -linkmode external -extldflags -static'
 DEPS      := busybox-static containernetworking-plugins libseccomp-dev libc6-dev iproute2 iptables gcc make
 
-.PHONY: all build criserver shim install run test test-node unit e2e deps criu lint clean bench chaos containerd cosign gvisor deb critest critest-containerd
+.PHONY: all build criserver shim shimtest-bin shimtest install run test test-node unit e2e deps criu lint clean bench chaos containerd cosign gvisor deb critest critest-containerd
 
 all: build
 
-build: criserver shim
+build: criserver shim shimtest-bin
 
 # criserver and shim build one binary each; the tests build through these targets too,
 # so that they run what `make build` ships.
@@ -41,6 +41,17 @@ criserver:
 
 shim:
 	$(SHIMBUILD) -o $(BINDIR)/shim-runc ./cmd/shim-runc
+
+# crisp-shimtest: the shim conformance suite's command (docs/shim-conformance.md).
+shimtest-bin:
+	$(GOBUILD) -o $(BINDIR)/crisp-shimtest ./cmd/crisp-shimtest
+
+# make shimtest SHIM=path [MODE=sandbox|task] [SHIMTESTFLAGS=...]: check a shim binary.
+SHIM          ?= $(BINDIR)/shim-runc
+MODE          ?= sandbox
+SHIMTESTFLAGS ?=
+shimtest: shimtest-bin
+	$(BINDIR)/crisp-shimtest --shim $(SHIM) --mode $(MODE) $(SHIMTESTFLAGS)
 
 install: build
 	install -D -m 0755 $(BINDIR)/criserver $(DESTDIR)$(PREFIX)/bin/criserver
