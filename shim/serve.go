@@ -8,6 +8,7 @@ import (
 	"github.com/crisp-runtime/crisp/pkg/shimkit"
 	"github.com/crisp-runtime/crisp/pkg/shimkit/bootstrap"
 	"github.com/crisp-runtime/crisp/pkg/shimkit/reaper"
+	kitsandbox "github.com/crisp-runtime/crisp/pkg/shimkit/sandbox"
 	"github.com/crisp-runtime/crisp/shim/pause"
 	"github.com/crisp-runtime/crisp/shim/runc"
 	"github.com/crisp-runtime/crisp/shim/sandbox"
@@ -24,11 +25,12 @@ var _ pause.Adopter = (*reaper.Reaper)(nil)
 // process and cgroup (shim/sandbox), its containers with libcontainer (shim/runc).
 func Serve(ctx context.Context, f bootstrap.Flags, log *slog.Logger) error {
 	return shimkit.Serve(ctx, f, log, func(env shimkit.Env) (*shimkit.Services, error) {
-		svc := sandbox.New(sandbox.Config{
+		pod := sandbox.NewPod(sandbox.Config{ID: env.ID, Bundle: env.Bundle, Logger: env.Log, Runner: env.Reaper})
+		svc := kitsandbox.New(kitsandbox.Config{
 			ID:                  env.ID,
-			Bundle:              env.Bundle,
+			Name:                RuntimeName,
+			Pod:                 pod,
 			Logger:              env.Log,
-			Runner:              env.Reaper,
 			BeforeShutdownReply: env.RemoveSocket,
 			AfterShutdownReply:  env.Exit,
 		})
@@ -36,6 +38,6 @@ func Serve(ctx context.Context, f bootstrap.Flags, log *slog.Logger) error {
 		if err != nil {
 			return nil, err
 		}
-		return &shimkit.Services{Sandbox: svc, Runner: runner, PodFiles: svc.PodFiles}, nil
+		return &shimkit.Services{Sandbox: svc, Runner: runner, PodFiles: pod.PodFiles}, nil
 	})
 }

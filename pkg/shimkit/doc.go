@@ -23,6 +23,8 @@
 //     BootstrapParams or the legacy flags and environment, the socket, the serving
 //     shim re-executed in its own session), `delete`'s socket removal and answer,
 //     `-info`, the version, and the listener the serving shim inherits.
+//   - sandbox: the sandbox API (containerd.runtime.sandbox.v1) over a Pod: states,
+//     wait, status, shutdown.
 //   - task: the task API (containerd.task.v3 and v2, crisp.shim.v1.Shim) over a
 //     Runner: stdio, terminals, CRI logs, attach, exits, OOM kills, stats.
 //   - events: task events to the caller's event service.

@@ -3,32 +3,26 @@ package sandbox
 import (
 	"context"
 	"errors"
-	"time"
 
 	"github.com/containerd/errdefs"
-	"google.golang.org/protobuf/types/known/timestamppb"
+	"google.golang.org/protobuf/types/known/anypb"
 
-	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
-	"github.com/crisp-runtime/crisp/api/containerd/types"
 	"github.com/crisp-runtime/crisp/internal/cgstats"
 )
 
-// SandboxMetrics reports the pod's cgroup metrics (see CgroupConfig.metricsPath for
-// which cgroup) as containerd's shims do: a types.Metric whose data is an
-// io.containerd.cgroups.v1.Metrics or io.containerd.cgroups.v2.Metrics. A stopped pod
-// has no cgroup any more: FailedPrecondition.
-func (s *Service) SandboxMetrics(ctx context.Context, req *sandboxapi.SandboxMetricsRequest) (*sandboxapi.SandboxMetricsResponse, error) {
-	sb, err := s.lookup(req.GetSandboxID())
-	if err != nil {
-		return nil, err
-	}
+// Metrics reports the pod's cgroup metrics (see CgroupConfig.metricsPath for which
+// cgroup) as containerd's shims do: an io.containerd.cgroups.v1.Metrics or
+// io.containerd.cgroups.v2.Metrics. A stopped pod has no cgroup any more:
+// FailedPrecondition.
+func (s *Pod) Metrics(ctx context.Context) (*anypb.Any, error) {
+	s.mu.Lock()
+	sb := s.sb
+	s.mu.Unlock()
 	cg, err := s.metricsCgroup(sb)
 	if err == nil {
-		var data *types.Metric
 		a, rerr := cg.Read()
 		if rerr == nil {
-			data = &types.Metric{Timestamp: timestamppb.New(time.Now()), ID: s.id, Data: a}
-			return &sandboxapi.SandboxMetricsResponse{Metrics: data}, nil
+			return a, nil
 		}
 		err = rerr
 	}
@@ -38,7 +32,7 @@ func (s *Service) SandboxMetrics(ctx context.Context, req *sandboxapi.SandboxMet
 	return nil, kindf(errdefs.ErrInternal, "metrics of sandbox %q: %v", s.id, err)
 }
 
-func (s *Service) metricsCgroup(sb *sandbox) (*cgstats.Cgroup, error) {
+func (s *Pod) metricsCgroup(sb *sandbox) (*cgstats.Cgroup, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if sb.stopped {

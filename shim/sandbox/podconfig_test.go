@@ -15,6 +15,7 @@ import (
 	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/internal/podfiles"
+	kitsandbox "github.com/crisp-runtime/crisp/pkg/shimkit/sandbox"
 )
 
 // fullPodConfig sets every PodSandboxConfig field the shim skips too, so that a wrong
@@ -219,7 +220,7 @@ func TestUnpackPodSandboxConfigRefusesPodFiles(t *testing.T) {
 // InvalidArgument before it writes anything into the bundle.
 func TestCreateSandboxRefusesDNSLeavesNothing(t *testing.T) {
 	bundle := t.TempDir()
-	s := New(Config{ID: "p1", Bundle: bundle})
+	s := kitsandbox.New(kitsandbox.Config{ID: "p1", Pod: NewPod(Config{ID: "p1", Bundle: bundle})})
 	// Were the request taken, the pod's cgroup and /dev/shm would have to go again.
 	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
 	cfg := &runtime.PodSandboxConfig{Hostname: "web", DnsConfig: &runtime.DNSConfig{
