@@ -26,6 +26,7 @@ require (
 	github.com/opencontainers/selinux v1.15.1
 	github.com/pelletier/go-toml/v2 v2.4.3
 	github.com/sigstore/sigstore v1.10.4
+	github.com/tetratelabs/wazero v1.12.0
 	github.com/vishvananda/netlink v1.3.1
 	github.com/vishvananda/netns v0.0.5
 	go.etcd.io/bbolt v1.5.0
@@ -62,7 +63,6 @@ require (
 require (
 	github.com/containerd/nri v0.12.3
 	github.com/knqyf263/go-plugin v0.9.0 // indirect
-	github.com/tetratelabs/wazero v1.11.0 // indirect
 	golang.org/x/mod v0.41.0 // indirect
 )
 
