@@ -12,6 +12,7 @@ import (
 	"time"
 
 	taskapi "github.com/containerd/containerd/api/runtime/task/v3"
+	tasktypes "github.com/containerd/containerd/api/types/task"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 )
@@ -46,6 +47,7 @@ type container struct {
 	stdin   string
 	stdout  string
 	out     *collector
+	errOut  *collector
 	pid     int
 	deleted bool
 }
@@ -144,8 +146,10 @@ func (s *suite) spec(p *pod, id string, o ctrOpts) *specs.Spec {
 // returns the task Create request: the rootfs is an overlay of the shared lower dir,
 // given as the request's rootfs mounts, which the shim mounts at <bundle>/rootfs.
 func (s *suite) prepareBundle(p *pod, id string, o ctrOpts) (*container, *taskapi.CreateTaskRequest, error) {
+	// The bundle's name is the id, as under containerd: containerd's runc shim finds a
+	// dead shim's bundle for `delete` by it.
 	dir := filepath.Join(s.dir, "c", id)
-	c := &container{id: id, dir: dir, bundle: filepath.Join(dir, "bundle")}
+	c := &container{id: id, dir: dir, bundle: filepath.Join(s.dir, "b", id)}
 	for _, d := range []string{filepath.Join(c.bundle, "rootfs"), filepath.Join(dir, "upper"), filepath.Join(dir, "work")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, nil, err
@@ -174,7 +178,7 @@ func (s *suite) prepareBundle(p *pod, id string, o ctrOpts) (*container, *taskap
 		req.Stdout = c.stdout
 		if !o.terminal {
 			req.Stderr = filepath.Join(dir, "stderr")
-			if err := unix.Mkfifo(req.Stderr, 0o600); err != nil {
+			if c.errOut, err = newCollector(req.Stderr); err != nil {
 				return nil, nil, err
 			}
 		}
@@ -198,6 +202,9 @@ func (s *suite) create(ctx context.Context, p *pod, id string, o ctrOpts) (*cont
 		return nil, err
 	}
 	s.addCleanup(func() { s.removeContainer(sh, c) })
+	s.mu.Lock()
+	p.containers = append(p.containers, c)
+	s.mu.Unlock()
 	resp, err := sh.tasks.Create(ctx, req)
 	if err != nil {
 		return c, fmt.Errorf("create %s: %w", id, err)
@@ -228,18 +235,27 @@ func (s *suite) createStarted(ctx context.Context, p *pod, id string, o ctrOpts)
 func (s *suite) removeContainer(sh *shimRun, c *container) {
 	if !c.deleted && sh.tasks != nil && (sh.pid == 0 || alive(sh.pid)) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		if st, err := sh.tasks.State(ctx, c.id, ""); err == nil && st.GetExitedAt() == nil {
+		// A running task's exited_at may be a zero time rather than absent.
+		if st, err := sh.tasks.State(ctx, c.id, ""); err == nil && st.GetStatus() != tasktypes.Status_STOPPED {
+			if st.GetStatus() == tasktypes.Status_PAUSED {
+				_ = sh.tasks.Resume(ctx, c.id)
+			}
 			_ = sh.tasks.Kill(ctx, c.id, uint32(unix.SIGKILL), true)
 			wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
 			_, _ = sh.tasks.Wait(wctx, c.id, "")
 			wcancel()
 		}
-		_, _ = sh.tasks.Delete(ctx, c.id, "")
+		if _, err := sh.tasks.Delete(ctx, c.id, ""); err != nil && !isNotFound(err) {
+			s.logf("cleanup: delete %s: %v", c.id, err)
+		}
 		cancel()
 		c.deleted = true
 	}
 	if c.out != nil {
 		c.out.close()
+	}
+	if c.errOut != nil {
+		c.errOut.close()
 	}
 	unmountUnder(c.bundle)
 }

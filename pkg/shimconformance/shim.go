@@ -77,6 +77,7 @@ func (s *suite) runStart(ctx context.Context, id, bundle string, legacy bool) (s
 	if err != nil {
 		return startAnswer{}, err
 	}
+	s.shimLog(bundle)
 	cmd := exec.CommandContext(ctx, s.cfg.Shim, s.shimArgs(id, bundle, "start")...)
 	cmd.Dir = bundle
 	cmd.Stdin = bytes.NewReader(stdin)
@@ -85,9 +86,35 @@ func (s *suite) runStart(ctx context.Context, id, bundle string, legacy bool) (s
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.WaitDelay = time.Second
 	if err := cmd.Run(); err != nil {
-		return startAnswer{}, fmt.Errorf("start: %w: %s", err, strings.TrimSpace(stderr.String()))
+		return startAnswer{}, startError{err: err, stderr: strings.TrimSpace(stderr.String())}
 	}
 	return parseStartAnswer(stdout.Bytes())
+}
+
+// startError is a `shim start` that exited unsuccessfully.
+type startError struct {
+	err    error
+	stderr string
+}
+
+func (e startError) Error() string { return fmt.Sprintf("start: %v: %s", e.err, e.stderr) }
+
+// shimLog makes the `log` FIFO containerd's shims write their log to (they wait for
+// a reader of it) in a bundle and keeps a reader on it; the suite reports its tail
+// when a shim fails.
+func (s *suite) shimLog(bundle string) {
+	path := filepath.Join(bundle, "log")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.logs[path]; ok {
+		return
+	}
+	c, err := newCollector(path)
+	if err != nil {
+		return
+	}
+	s.logs[path] = c
+	s.cleanups = append(s.cleanups, c.close)
 }
 
 // parseStartAnswer accepts the three answers a runtime-v2 shim may print: a protobuf

@@ -83,6 +83,8 @@ type pod struct {
 	shim   *shimRun
 	pid    int
 	pause  *container // task mode: the sandbox container
+	// containers are the pod's other containers, in the order they were created.
+	containers []*container
 }
 
 // suite is one run.
@@ -107,6 +109,7 @@ type suite struct {
 	mainErr error
 	podErr  error
 	shared  map[string]*container
+	logs    map[string]*collector
 	shimIDs []string
 }
 
@@ -249,6 +252,7 @@ func Run(ctx context.Context, cfg Config) (_ *Report, retErr error) {
 		rand:      hex.EncodeToString(b),
 		report:    &Report{Shim: cfg.Shim, Mode: cfg.Mode},
 		shared:    map[string]*container{},
+		logs:      map[string]*collector{},
 	}
 	s.cgroupParent = "/crisp-shimtest-" + s.rand
 	if cfg.WorkDir != "" {
@@ -274,7 +278,9 @@ func Run(ctx context.Context, cfg Config) (_ *Report, retErr error) {
 }
 
 func (s *suite) setup() error {
-	s.socketDir = filepath.Join(s.dir, "s")
+	// Shim sockets go in a short directory of their own whatever WorkDir is:
+	// sun_path holds 108 bytes.
+	s.socketDir = filepath.Join(os.TempDir(), "cst-s-"+s.rand)
 	if err := os.MkdirAll(s.socketDir, 0o700); err != nil {
 		return err
 	}
@@ -328,6 +334,11 @@ func (s *suite) teardown() error {
 	if s.netns != "" {
 		if err := removeNetns(s.netns); err != nil {
 			errs = append(errs, fmt.Errorf("netns: %w", err))
+		}
+	}
+	if s.socketDir != "" {
+		if err := os.RemoveAll(s.socketDir); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if err := os.RemoveAll(s.dir); err != nil {
