@@ -383,6 +383,14 @@ func (s *Service) pull(ctx context.Context, named reference.Named, auth *remote.
 	if err != nil {
 		return nil, 0, fmt.Errorf("pull %s: read config: %w", name, err)
 	}
+	size := int64(len(cfgBytes))
+	if remote.IsWasmArtifact(fetched.ConfigMediaType) {
+		// The image keeps the wasm artifact's identity (its config digest) and
+		// records the OCI image config the CRI reads (the entrypoint).
+		if cfgBytes, err = wasmImageConfig(cfgBytes, fetched.Layers); err != nil {
+			return nil, 0, fmt.Errorf("pull %s: %w", name, err)
+		}
+	}
 	// The blobs and layers this pull stored are not flushed yet (those it found were,
 	// or are flushed here too: syncfs covers the whole filesystem); until the image is
 	// recorded nothing references them, and the next start frees them.
@@ -394,7 +402,6 @@ func (s *Service) pull(ctx context.Context, named reference.Named, auth *remote.
 		diffIDs[i] = l.DiffID
 	}
 	chain := chainIDs(diffIDs)
-	size := int64(len(cfgBytes))
 	for _, l := range fetched.Layers {
 		size += l.Size
 	}
@@ -568,7 +575,15 @@ func (s *Service) unpackLayer(ctx context.Context, name string, l remote.Layer, 
 		span.SetAttributes(l.Attributes()...)
 		span.SetAttributes(attrStreamed.Bool(limit > 0))
 	}
-	raw, err := decompress(r)
+	var (
+		raw io.ReadCloser
+		err error
+	)
+	if isWasmLayer(l) {
+		raw, err = wasmLayerTar(r, l)
+	} else {
+		raw, err = decompress(r)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("pull %s: layer %s: %w", name, l.Digest, err)
 	}
@@ -606,7 +621,9 @@ func (s *Service) unpackLayer(ctx context.Context, name string, l remote.Layer, 
 	// The blob matched the manifest's digest, so a different diff ID is the image's own
 	// contradiction (a broken build tool), not data lost on the way: InvalidArgument,
 	// like every other fault of the image.
-	if got := verifier.Digest(); got != l.DiffID {
+	// A wasm module layer has no diff ID of its own (remote.Layer.DiffID): its blob's
+	// digest, checked as it was stored, is its check.
+	if got := verifier.Digest(); got != l.DiffID && !isWasmLayer(l) {
 		return nil, fmt.Errorf("pull %s: layer %s uncompresses to %s, but the image config says %s: the image is inconsistent: %w", name, l.Digest, got, l.DiffID, errdefs.ErrInvalidArgument)
 	}
 	return pending, nil

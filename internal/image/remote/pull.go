@@ -110,8 +110,12 @@ type Config struct {
 type Layer struct {
 	Digest    digest.Digest // of the blob as stored (compressed)
 	Size      int64
-	MediaType string        // tells the unpacker the compression: tar, tar+gzip or tar+zstd
+	MediaType string        // tells the unpacker the compression: tar, tar+gzip or tar+zstd; or a wasm module
 	DiffID    digest.Digest // of the uncompressed tar, from the config's rootfs.diff_ids
+	// Path is the file a wasm artifact's module layer (MediaTypeWasmLayer) becomes at
+	// the root of the image's filesystem; its DiffID is then crisp's own (see
+	// wasmLayers). Empty for a tar layer.
+	Path string `json:",omitempty"`
 }
 
 // Image is what a pull fetched into the content store.
@@ -123,7 +127,10 @@ type Image struct {
 	// digest if there is one, as containerd and kubelet report it.
 	RepoDigest   string
 	ConfigDigest digest.Digest // = the image ID
-	Layers       []Layer       // bottom first; DiffIDs from the config's rootfs.diff_ids
+	// ConfigMediaType is the manifest's config media type: an image config, or
+	// MediaTypeWasmConfig for a wasm artifact, whose layers are modules.
+	ConfigMediaType string
+	Layers          []Layer // bottom first; DiffIDs from the config's rootfs.diff_ids
 	// Downloaded is what this pull transferred from the registry: blobs already in the
 	// store, or shared with a concurrent pull that fetched them, are not counted.
 	Downloaded int64
@@ -676,6 +683,16 @@ func (p *Puller) fetchConfig(ctx context.Context, src *source, m *ocispec.Manife
 	if err != nil {
 		return fmt.Errorf("read config %s: %w", m.Config.Digest, err)
 	}
+	img.ConfigMediaType = m.Config.MediaType
+	if IsWasmArtifact(m.Config.MediaType) {
+		layers, err := wasmLayers(m, cb)
+		if err != nil {
+			return err
+		}
+		img.ConfigDigest = m.Config.Digest
+		img.Layers = layers
+		return nil
+	}
 	var cfg ocispec.Image
 	if err := json.Unmarshal(cb, &cfg); err != nil {
 		return fmt.Errorf("config %s: not valid JSON: %w: %w", m.Config.Digest, err, errdefs.ErrInvalidArgument)
@@ -749,6 +766,10 @@ func checkManifest(m *ocispec.Manifest) error {
 	}
 	switch m.Config.MediaType {
 	case ocispec.MediaTypeImageConfig, mediaTypeDockerConfig:
+	case MediaTypeWasmConfig:
+		if err := checkWasmManifest(m); err != nil {
+			return err
+		}
 	default:
 		return fmt.Errorf("not a container image: config media type %q: %w", m.Config.MediaType, errdefs.ErrNotImplemented)
 	}
@@ -760,7 +781,7 @@ func checkManifest(m *ocispec.Manifest) error {
 		if d.Size < 0 {
 			return fmt.Errorf("blob %s has negative size %d: %w", d.Digest, d.Size, errdefs.ErrInvalidArgument)
 		}
-		if i > 0 && !layerMediaTypes[d.MediaType] {
+		if i > 0 && !layerMediaTypes[d.MediaType] && !IsWasmArtifact(m.Config.MediaType) {
 			return fmt.Errorf("layer %s has unsupported media type %q: %w", d.Digest, d.MediaType, errdefs.ErrNotImplemented)
 		}
 	}
@@ -864,7 +885,7 @@ func (p *Puller) fetchWith(ctx context.Context, src *source, desc ocispec.Descri
 // request to the last byte stored, whose bytes are those read from the registry.
 func (p *Puller) download(ctx context.Context, src *source, desc ocispec.Descriptor, stats *pullStats, tee *teeConsumer) (err error) {
 	name := spanBlobFetch
-	if layerMediaTypes[desc.MediaType] {
+	if layerMediaTypes[desc.MediaType] || desc.MediaType == MediaTypeWasmLayer {
 		name = spanLayerFetch
 	}
 	ctx, span := tracing.Start(ctx, name)
