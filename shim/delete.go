@@ -9,8 +9,8 @@ import (
 	"path/filepath"
 
 	"github.com/crisp-runtime/crisp/pkg/shimkit/bootstrap"
+	"github.com/crisp-runtime/crisp/pkg/shimkit/pod"
 	"github.com/crisp-runtime/crisp/shim/runc"
-	"github.com/crisp-runtime/crisp/shim/sandbox"
 )
 
 // Delete implements `shim-runc delete`: clean up after a dead shim (its containers'
@@ -24,7 +24,7 @@ func Delete(ctx context.Context, f bootstrap.Flags, stdout io.Writer, log *slog.
 	// Containers before the pause process: they hold its namespaces, and their cgroups
 	// are siblings of the pod cgroup that Cleanup removes.
 	ctrErr := runc.CleanupDead(filepath.Join(bundle, TaskStateDir), log)
-	exit, cleanupErr := sandbox.Cleanup(ctx, bundle, log)
+	exit, cleanupErr := pod.Cleanup(ctx, bundle, log)
 	sockErr := bootstrap.RemoveSocket(f, bundle)
 	if err := errors.Join(ctrErr, cleanupErr, sockErr); err != nil {
 		return fmt.Errorf("delete %s: %w", f.ID, err)

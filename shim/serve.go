@@ -7,11 +7,11 @@ import (
 
 	"github.com/crisp-runtime/crisp/pkg/shimkit"
 	"github.com/crisp-runtime/crisp/pkg/shimkit/bootstrap"
+	"github.com/crisp-runtime/crisp/pkg/shimkit/pause"
+	"github.com/crisp-runtime/crisp/pkg/shimkit/pod"
 	"github.com/crisp-runtime/crisp/pkg/shimkit/reaper"
 	kitsandbox "github.com/crisp-runtime/crisp/pkg/shimkit/sandbox"
-	"github.com/crisp-runtime/crisp/shim/pause"
 	"github.com/crisp-runtime/crisp/shim/runc"
-	"github.com/crisp-runtime/crisp/shim/sandbox"
 )
 
 // TaskStateDir is libcontainer's state root inside the shim's bundle.
@@ -22,14 +22,14 @@ const TaskStateDir = "libcontainer"
 var _ pause.Adopter = (*reaper.Reaper)(nil)
 
 // Serve runs crisp's shim on the kit (shimkit.Serve): the pod's sandbox with its pause
-// process and cgroup (shim/sandbox), its containers with libcontainer (shim/runc).
+// process and cgroup (the kit's standard pod, pkg/shimkit/pod), its containers with libcontainer (shim/runc).
 func Serve(ctx context.Context, f bootstrap.Flags, log *slog.Logger) error {
 	return shimkit.Serve(ctx, f, log, func(env shimkit.Env) (*shimkit.Services, error) {
-		pod := sandbox.NewPod(sandbox.Config{ID: env.ID, Bundle: env.Bundle, Logger: env.Log, Runner: env.Reaper})
+		p := pod.New(pod.Config{ID: env.ID, Bundle: env.Bundle, Logger: env.Log, Runner: env.Reaper})
 		svc := kitsandbox.New(kitsandbox.Config{
 			ID:                  env.ID,
 			Name:                RuntimeName,
-			Pod:                 pod,
+			Pod:                 p,
 			Logger:              env.Log,
 			BeforeShutdownReply: env.RemoveSocket,
 			AfterShutdownReply:  env.Exit,
@@ -38,6 +38,6 @@ func Serve(ctx context.Context, f bootstrap.Flags, log *slog.Logger) error {
 		if err != nil {
 			return nil, err
 		}
-		return &shimkit.Services{Sandbox: svc, Runner: runner, PodFiles: pod.PodFiles}, nil
+		return &shimkit.Services{Sandbox: svc, Runner: runner, PodFiles: p.PodFiles}, nil
 	})
 }

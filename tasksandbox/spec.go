@@ -31,7 +31,7 @@ const pauseUID = 65535
 
 // pausePath is where crisp's shim binary appears in the pause container, whose rootfs
 // holds nothing else. The binary is static, and its C constructor runs the pause loop
-// before the Go runtime starts when _CRISP_PAUSE=oci (see shim/pause/pause.c).
+// before the Go runtime starts when _CRISP_PAUSE=oci (see pkg/shimkit/pause/pause.c).
 const pausePath = "/pause"
 
 // IsRuncShim reports whether a shim takes containerd.runc.v1.Options, judged by its

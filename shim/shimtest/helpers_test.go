@@ -25,7 +25,7 @@ import (
 	sandboxapi "github.com/crisp-runtime/crisp/api/containerd/sandbox/v1"
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/internal/version"
-	"github.com/crisp-runtime/crisp/shim/sandbox"
+	kitpod "github.com/crisp-runtime/crisp/pkg/shimkit/pod"
 )
 
 // rootWhy is what the shim tests need root for (testutil.RequiresRoot).
@@ -201,7 +201,7 @@ func (s *shimProc) cleanup() {
 	if err := cmd.Run(); err != nil {
 		s.t.Errorf("cleanup delete: %v: %s", err, stderr.String())
 	}
-	if st, err := sandbox.ReadState(s.bundle); err == nil && st.PausePid > 0 {
+	if st, err := kitpod.ReadState(s.bundle); err == nil && st.PausePid > 0 {
 		waitGone(s.t, st.PausePid)
 	}
 }

@@ -31,7 +31,7 @@ import (
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/internal/testutil"
 	"github.com/crisp-runtime/crisp/internal/version"
-	"github.com/crisp-runtime/crisp/shim/sandbox"
+	kitpod "github.com/crisp-runtime/crisp/pkg/shimkit/pod"
 )
 
 // TestStart covers both start protocols: what is printed, where the socket lives, that it
@@ -294,7 +294,7 @@ func TestSandboxLifecycle(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if st.GetState() != sandbox.StateReady || st.GetPid() != uint32(pid) || st.GetCreatedAt() == nil {
+			if st.GetState() != kitpod.StateReady || st.GetPid() != uint32(pid) || st.GetCreatedAt() == nil {
 				t.Errorf("status = %v", st)
 			}
 			for k, want := range map[string]string{"shim_pid": strconv.Itoa(s.pid), "pause_pid": strconv.Itoa(pid), "cgroup": cgPath} {
@@ -302,7 +302,7 @@ func TestSandboxLifecycle(t *testing.T) {
 					t.Errorf("info[%s] = %q, want %q", k, got, want)
 				}
 			}
-			rec, err := sandbox.ReadState(s.bundle)
+			rec, err := kitpod.ReadState(s.bundle)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -331,7 +331,7 @@ func TestSandboxLifecycle(t *testing.T) {
 				t.Errorf("wait = %v, want exit status %d", wait, tt.wantExit)
 			}
 			st, err = s.sb.SandboxStatus(ctx, &sandboxapi.SandboxStatusRequest{SandboxID: s.id})
-			if err != nil || st.GetState() != sandbox.StateNotReady || st.GetExitedAt() == nil {
+			if err != nil || st.GetState() != kitpod.StateNotReady || st.GetExitedAt() == nil {
 				t.Errorf("status after stop = %v, %v", st, err)
 			}
 			if _, err := s.sb.StartSandbox(ctx, &sandboxapi.StartSandboxRequest{SandboxID: s.id}); status.Code(err) != codes.FailedPrecondition {
@@ -386,7 +386,7 @@ func TestWaitSandboxBlocks(t *testing.T) {
 		t.Fatalf("wait = %v, %v; want exit status 137", r.resp, r.err)
 	}
 	st, err := s.sb.SandboxStatus(ctx, &sandboxapi.SandboxStatusRequest{SandboxID: s.id})
-	if err != nil || st.GetState() != sandbox.StateNotReady {
+	if err != nil || st.GetState() != kitpod.StateNotReady {
 		t.Fatalf("status = %v, %v; want NOTREADY", st, err)
 	}
 }
@@ -526,8 +526,8 @@ func TestCreateSandboxRejectsBadOptions(t *testing.T) {
 	if _, err := os.Stat("/sys/fs/cgroup/memory" + parent + "/crisp-" + s.id); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a rejected create left a cgroup: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(s.bundle, sandbox.StateFile)); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("a rejected create left %s", sandbox.StateFile)
+	if _, err := os.Stat(filepath.Join(s.bundle, kitpod.StateFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a rejected create left %s", kitpod.StateFile)
 	}
 	// The shim is still usable after all that.
 	if _, err := s.sb.CreateSandbox(ctx, &sandboxapi.CreateSandboxRequest{SandboxID: s.id, Options: optionsAny(t, &optionsv1.SandboxOptions{CgroupParent: parent})}); err != nil {

@@ -11,7 +11,7 @@ import (
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-// Cgroup naming shared with the shim's pod cgroups (shim/sandbox): cgroupfs
+// Cgroup naming shared with the shim's pod cgroups (pkg/shimkit/pod): cgroupfs
 // "<parent>/crisp-<id>", systemd "<slice>:crisp:<id>".
 const (
 	defaultCgroupParent = "/crisp"

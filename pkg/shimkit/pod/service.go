@@ -1,4 +1,4 @@
-package sandbox
+package pod
 
 import (
 	"context"
@@ -20,8 +20,8 @@ import (
 	"github.com/crisp-runtime/crisp/internal/podfiles"
 	"github.com/crisp-runtime/crisp/internal/proc"
 	"github.com/crisp-runtime/crisp/internal/tracing"
+	"github.com/crisp-runtime/crisp/pkg/shimkit/pause"
 	kitsandbox "github.com/crisp-runtime/crisp/pkg/shimkit/sandbox"
-	"github.com/crisp-runtime/crisp/shim/pause"
 )
 
 // Sandbox states reported by SandboxStatus, as containerd's CRI spells them.
@@ -73,8 +73,8 @@ type sandbox struct {
 
 var _ kitsandbox.Pod = (*Pod)(nil)
 
-// NewPod returns the pod; nothing happens until Create.
-func NewPod(cfg Config) *Pod {
+// New returns the pod; nothing happens until Create.
+func New(cfg Config) *Pod {
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()

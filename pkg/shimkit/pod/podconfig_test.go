@@ -1,4 +1,4 @@
-package sandbox
+package pod
 
 import (
 	"context"
@@ -220,7 +220,7 @@ func TestUnpackPodSandboxConfigRefusesPodFiles(t *testing.T) {
 // InvalidArgument before it writes anything into the bundle.
 func TestCreateSandboxRefusesDNSLeavesNothing(t *testing.T) {
 	bundle := t.TempDir()
-	s := kitsandbox.New(kitsandbox.Config{ID: "p1", Pod: NewPod(Config{ID: "p1", Bundle: bundle})})
+	s := kitsandbox.New(kitsandbox.Config{ID: "p1", Pod: New(Config{ID: "p1", Bundle: bundle})})
 	// Were the request taken, the pod's cgroup and /dev/shm would have to go again.
 	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
 	cfg := &runtime.PodSandboxConfig{Hostname: "web", DnsConfig: &runtime.DNSConfig{

@@ -1,4 +1,4 @@
-package sandbox
+package pod
 
 import (
 	"fmt"
@@ -12,7 +12,7 @@ import (
 
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/internal/testutil"
-	"github.com/crisp-runtime/crisp/shim/pause"
+	"github.com/crisp-runtime/crisp/pkg/shimkit/pause"
 )
 
 func userns(ctr, host, size uint32) *optionsv1.UserNamespace {

@@ -1,4 +1,4 @@
-package sandbox
+package pod
 
 import (
 	"fmt"
@@ -12,7 +12,7 @@ import (
 
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/internal/podfiles"
-	"github.com/crisp-runtime/crisp/shim/pause"
+	"github.com/crisp-runtime/crisp/pkg/shimkit/pause"
 )
 
 // podSpec is the validated form of a CreateSandboxRequest.
