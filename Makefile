@@ -28,11 +28,11 @@ SHIMBUILD := CGO_ENABLED=1 $(GO) build -trimpath -tags '$(TAGS) osusergo netgo' 
 	-ldflags '$(LDFLAGS) -linkmode external -extldflags -static'
 DEPS      := busybox-static containernetworking-plugins libseccomp-dev libc6-dev iproute2 iptables gcc make
 
-.PHONY: all build criserver shim shimtest-bin shimtest install run test test-node unit e2e deps criu lint clean bench chaos containerd cosign gvisor deb critest critest-containerd
+.PHONY: all build criserver shim shim-wasm shimtest-bin shimtest install run test test-node unit e2e deps criu lint clean bench chaos containerd cosign gvisor deb critest critest-containerd
 
 all: build
 
-build: criserver shim shimtest-bin
+build: criserver shim shim-wasm shimtest-bin
 
 # criserver and shim build one binary each; the tests build through these targets too,
 # so that they run what `make build` ships.
@@ -41,6 +41,11 @@ criserver:
 
 shim:
 	$(SHIMBUILD) -o $(BINDIR)/shim-runc ./cmd/shim-runc
+
+# shim-wasm: the WebAssembly sandboxer (docs/sandboxer.md), a RuntimeClass handler
+# configured under [runtimes.wasm]; built like shim-runc (its pause is the same).
+shim-wasm:
+	$(SHIMBUILD) -o $(BINDIR)/shim-wasm ./cmd/shim-wasm
 
 # crisp-shimtest: the shim conformance suite's command (docs/shim-conformance.md).
 shimtest-bin:
