@@ -42,7 +42,7 @@ func run(args []string) int {
 		return wasm.RunChild(args[1:])
 	}
 	var (
-		f             bootstrap.Flags
+		f            bootstrap.Flags
 		info, versio bool
 	)
 	fs := flag.NewFlagSet("shim-wasm", flag.ContinueOnError)
