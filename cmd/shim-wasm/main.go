@@ -29,8 +29,10 @@ const runtimeName = "crisp-shim-wasm"
 // stateDir is the runner's state inside the shim's bundle.
 const stateDir = "wasm"
 
-// cacheDir holds compiled modules, shared by every pod of the node: root's, on tmpfs.
-const cacheDir = "/run/crisp/wasm-cache"
+// cacheDirName holds compiled modules, shared by the pods of one caller: next to the
+// shims' bundles (crisp: <state_dir>/wasm-cache; containerd: next to its namespaces'
+// task dirs), so it lives on the caller's state (tmpfs) and goes with it.
+const cacheDirName = "wasm-cache"
 
 func main() {
 	os.Exit(run(os.Args[1:]))
@@ -96,7 +98,8 @@ func services(env shimkit.Env) (*shimkit.Services, error) {
 		BeforeShutdownReply: env.RemoveSocket,
 		AfterShutdownReply:  env.Exit,
 	})
-	runner, err := wasm.NewRunner(wasm.Config{StateDir: filepath.Join(env.Bundle, stateDir), CacheDir: cacheDir, Logger: env.Log})
+	cache := filepath.Join(filepath.Dir(filepath.Dir(env.Bundle)), cacheDirName)
+	runner, err := wasm.NewRunner(wasm.Config{StateDir: filepath.Join(env.Bundle, stateDir), CacheDir: cache, Logger: env.Log})
 	if err != nil {
 		return nil, err
 	}
