@@ -10,7 +10,6 @@ import (
 	"github.com/crisp-runtime/crisp/pkg/shimkit/pause"
 	"github.com/crisp-runtime/crisp/pkg/shimkit/pod"
 	"github.com/crisp-runtime/crisp/pkg/shimkit/reaper"
-	kitsandbox "github.com/crisp-runtime/crisp/pkg/shimkit/sandbox"
 	"github.com/crisp-runtime/crisp/shim/runc"
 )
 
@@ -21,23 +20,14 @@ const TaskStateDir = "libcontainer"
 // namespace forks (pause.Config.JoinUserNS).
 var _ pause.Adopter = (*reaper.Reaper)(nil)
 
-// Serve runs crisp's shim on the kit (shimkit.Serve): the pod's sandbox with its pause
-// process and cgroup (the kit's standard pod, pkg/shimkit/pod), its containers with libcontainer (shim/runc).
+// Serve runs crisp's shim on the kit (shimkit.Serve): the kit's standard pod (pause
+// process, pod cgroup), its containers with libcontainer (shim/runc).
 func Serve(ctx context.Context, f bootstrap.Flags, log *slog.Logger) error {
 	return shimkit.Serve(ctx, f, log, func(env shimkit.Env) (*shimkit.Services, error) {
-		p := pod.New(pod.Config{ID: env.ID, Bundle: env.Bundle, Logger: env.Log, Runner: env.Reaper})
-		svc := kitsandbox.New(kitsandbox.Config{
-			ID:                  env.ID,
-			Name:                RuntimeName,
-			Pod:                 p,
-			Logger:              env.Log,
-			BeforeShutdownReply: env.RemoveSocket,
-			AfterShutdownReply:  env.Exit,
-		})
 		runner, err := runc.New(runc.Config{StateRoot: filepath.Join(env.Bundle, TaskStateDir), Logger: env.Log, Reaper: env.Reaper})
 		if err != nil {
 			return nil, err
 		}
-		return &shimkit.Services{Sandbox: svc, Runner: runner, PodFiles: p.PodFiles}, nil
+		return pod.Services(env, RuntimeName, runner), nil
 	})
 }

@@ -3,10 +3,8 @@ package tasksandbox
 import (
 	"encoding/json"
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 
@@ -18,11 +16,11 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/opencontainers/selinux/go-selinux"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	options "github.com/crisp-runtime/crisp/api/options/v1"
 	"github.com/crisp-runtime/crisp/internal/config"
+	"github.com/crisp-runtime/crisp/internal/protofields"
 )
 
 // pauseUID is the user the pause container runs as: registry.k8s.io/pause's, which
@@ -51,7 +49,7 @@ func RuntimeOptions(name string, rt config.Runtime, stateDir string, systemd boo
 		// The cgroup driver follows criserver's, which kubelet's must match.
 		msg = &runcoptions.Options{Root: filepath.Join(stateDir, "runc"), SystemdCgroup: systemd}
 	}
-	if err := setFields(msg.ProtoReflect(), rt.Options); err != nil {
+	if err := protofields.Set(msg.ProtoReflect(), rt.Options); err != nil {
 		return nil, fmt.Errorf("runtimes.%s.options: %w", name, err)
 	}
 	data, err := proto.Marshal(msg)
@@ -60,56 +58,6 @@ func RuntimeOptions(name string, rt config.Runtime, stateDir string, systemd boo
 	}
 	// containerd's typeurl names a message by its full name alone.
 	return &anypb.Any{TypeUrl: string(msg.ProtoReflect().Descriptor().FullName()), Value: data}, nil
-}
-
-func fieldKey(s string) string { return strings.ToLower(strings.ReplaceAll(s, "_", "")) }
-
-// setFields sets the fields of m named by table's keys from TOML values.
-func setFields(m protoreflect.Message, table map[string]any) error {
-	fields := m.Descriptor().Fields()
-	byKey := map[string]protoreflect.FieldDescriptor{}
-	var names []string
-	for i := 0; i < fields.Len(); i++ {
-		f := fields.Get(i)
-		byKey[fieldKey(string(f.Name()))] = f
-		names = append(names, string(f.Name()))
-	}
-	keys := make([]string, 0, len(table))
-	for k := range table {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		f, ok := byKey[fieldKey(k)]
-		if !ok || f.IsList() || f.IsMap() {
-			return fmt.Errorf("unknown key %q for %s (have %s)", k, m.Descriptor().FullName(), strings.Join(names, ", "))
-		}
-		v, err := protoValue(f, table[k])
-		if err != nil {
-			return fmt.Errorf("%s: %w", k, err)
-		}
-		m.Set(f, v)
-	}
-	return nil
-}
-
-// protoValue converts a TOML value (string, bool, int64) to a field's kind.
-func protoValue(f protoreflect.FieldDescriptor, v any) (protoreflect.Value, error) {
-	switch f.Kind() {
-	case protoreflect.StringKind:
-		if s, ok := v.(string); ok {
-			return protoreflect.ValueOfString(s), nil
-		}
-	case protoreflect.BoolKind:
-		if b, ok := v.(bool); ok {
-			return protoreflect.ValueOfBool(b), nil
-		}
-	case protoreflect.Uint32Kind:
-		if n, ok := v.(int64); ok && n >= 0 && n <= math.MaxUint32 {
-			return protoreflect.ValueOfUint32(uint32(n)), nil
-		}
-	}
-	return protoreflect.Value{}, fmt.Errorf("want a %s, got %v (%T)", f.Kind(), v, v)
 }
 
 // PauseBundle is what the pause container of a task-only shim's pod is made of.

@@ -3,7 +3,7 @@ package main
 
 import (
 	"context"
-	"flag"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -38,44 +38,28 @@ func run(args []string) int {
 		// A short-lived task helper the shim runs for one container operation.
 		return runc.RunHelper(args[1:], os.Stdin, os.Stdout, logger(os.Stderr, false, slog.LevelWarn))
 	}
-	var (
-		f            bootstrap.Flags
-		info, versio bool
-	)
-	fs := flag.NewFlagSet("shim-runc", flag.ContinueOnError)
-	fs.StringVar(&f.Namespace, "namespace", "", "namespace that owns the shim")
-	fs.StringVar(&f.Address, "address", "", "grpc address of the daemon (part of the socket name)")
-	fs.StringVar(&f.PublishBinary, "publish-binary", "", "binary to publish events with (accepted for containerd compatibility)")
-	fs.StringVar(&f.ID, "id", "", "id of the sandbox")
-	fs.StringVar(&f.Bundle, "bundle", "", "bundle directory (default: the working directory)")
-	fs.BoolVar(&f.Debug, "debug", false, "log at debug level")
-	fs.BoolVar(&info, "info", false, "print the protobuf RuntimeInfo and exit")
-	fs.BoolVar(&versio, "v", false, "print the version and exit")
-	fs.BoolVar(&versio, "version", false, "print the version and exit")
-	if err := fs.Parse(args); err != nil {
+	a, err := bootstrap.ParseArgs("shim-runc", args, os.Stderr)
+	if errors.Is(err, bootstrap.ErrUsage) {
 		return 2
 	}
-
 	ctx := context.Background()
-	var err error
-	switch action := fs.Arg(0); {
-	case versio:
+	switch {
+	case err != nil:
+	case a.Version:
 		err = shim.WriteVersion(os.Stdout)
-	case info:
+	case a.Info:
 		err = shim.Info(os.Stdin, os.Stdout)
-	case action == "start":
+	case a.Action == "start":
 		// Silent on success: containerd reads stdout and stderr together as the result.
-		err = bootstrap.Start(ctx, f, os.Stdin, os.Stdout, shim.StartOptions())
-	case action == "delete":
-		err = shim.Delete(ctx, f, os.Stdout, logger(os.Stderr, f.Debug, slog.LevelWarn))
-	case action == "":
-		log := logger(os.Stderr, f.Debug, slog.LevelInfo)
+		err = bootstrap.Start(ctx, a.Flags, os.Stdin, os.Stdout, shim.StartOptions())
+	case a.Action == "delete":
+		err = shim.Delete(ctx, a.Flags, os.Stdout, logger(os.Stderr, a.Debug, slog.LevelWarn))
+	default:
+		log := logger(os.Stderr, a.Debug, slog.LevelInfo)
 		slog.SetDefault(log)
 		// ttrpc logs through containerd/log; keep shim.log one JSON stream.
 		_ = clog.SetFormat(clog.JSONFormat)
-		err = shim.Serve(ctx, f, log)
-	default:
-		err = fmt.Errorf("unknown action %q (want start, delete or none)", action)
+		err = shim.Serve(ctx, a.Flags, log)
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "shim-runc: %v\n", err)

@@ -5,7 +5,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -19,7 +18,6 @@ import (
 	"github.com/crisp-runtime/crisp/pkg/shimkit"
 	"github.com/crisp-runtime/crisp/pkg/shimkit/bootstrap"
 	"github.com/crisp-runtime/crisp/pkg/shimkit/pod"
-	kitsandbox "github.com/crisp-runtime/crisp/pkg/shimkit/sandbox"
 	"github.com/crisp-runtime/crisp/wasm"
 )
 
@@ -43,42 +41,27 @@ func run(args []string) int {
 		// A container's process: it runs the module once the shim starts it.
 		return wasm.RunChild(args[1:])
 	}
-	var (
-		f            bootstrap.Flags
-		info, versio bool
-	)
-	fs := flag.NewFlagSet("shim-wasm", flag.ContinueOnError)
-	fs.StringVar(&f.Namespace, "namespace", "", "namespace that owns the shim")
-	fs.StringVar(&f.Address, "address", "", "grpc address of the daemon (part of the socket name)")
-	fs.StringVar(&f.PublishBinary, "publish-binary", "", "binary to publish events with (accepted for containerd compatibility)")
-	fs.StringVar(&f.ID, "id", "", "id of the sandbox")
-	fs.StringVar(&f.Bundle, "bundle", "", "bundle directory (default: the working directory)")
-	fs.BoolVar(&f.Debug, "debug", false, "log at debug level")
-	fs.BoolVar(&info, "info", false, "print the protobuf RuntimeInfo and exit")
-	fs.BoolVar(&versio, "v", false, "print the version and exit")
-	fs.BoolVar(&versio, "version", false, "print the version and exit")
-	if err := fs.Parse(args); err != nil {
+	a, err := bootstrap.ParseArgs("shim-wasm", args, os.Stderr)
+	if errors.Is(err, bootstrap.ErrUsage) {
 		return 2
 	}
 	ctx := context.Background()
-	var err error
-	switch action := fs.Arg(0); {
-	case versio:
-		err = writeVersion(os.Stdout)
-	case info:
-		err = bootstrap.WriteInfo(os.Stdin, os.Stdout, runtimeName, versionString(), nil)
-	case action == "start":
-		err = bootstrap.Start(ctx, f, os.Stdin, os.Stdout, bootstrap.StartOptions{Environ: environ})
-	case action == "delete":
-		err = deleteDead(ctx, f, os.Stdout, logger(os.Stderr, f.Debug, slog.LevelWarn))
-	case action == "":
-		log := logger(os.Stderr, f.Debug, slog.LevelInfo)
+	switch {
+	case err != nil:
+	case a.Version:
+		err = bootstrap.WriteVersion(os.Stdout, version.Name, version.Version)
+	case a.Info:
+		err = bootstrap.WriteInfo(os.Stdin, os.Stdout, runtimeName, version.Version, nil)
+	case a.Action == "start":
+		err = bootstrap.Start(ctx, a.Flags, os.Stdin, os.Stdout, bootstrap.StartOptions{Environ: environ})
+	case a.Action == "delete":
+		err = deleteDead(ctx, a.Flags, os.Stdout, logger(os.Stderr, a.Debug, slog.LevelWarn))
+	default:
+		log := logger(os.Stderr, a.Debug, slog.LevelInfo)
 		slog.SetDefault(log)
 		// ttrpc logs through containerd/log; keep shim.log one JSON stream.
 		_ = clog.SetFormat(clog.JSONFormat)
-		err = shimkit.Serve(ctx, f, log, services)
-	default:
-		err = fmt.Errorf("unknown action %q (want start, delete or none)", action)
+		err = shimkit.Serve(ctx, a.Flags, log, services)
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "shim-wasm: %v\n", err)
@@ -89,21 +72,12 @@ func run(args []string) int {
 
 // services are the kit's standard pod (pause process, pod cgroup) and the WASM runner.
 func services(env shimkit.Env) (*shimkit.Services, error) {
-	p := pod.New(pod.Config{ID: env.ID, Bundle: env.Bundle, Logger: env.Log, Runner: env.Reaper})
-	svc := kitsandbox.New(kitsandbox.Config{
-		ID:                  env.ID,
-		Name:                runtimeName,
-		Pod:                 p,
-		Logger:              env.Log,
-		BeforeShutdownReply: env.RemoveSocket,
-		AfterShutdownReply:  env.Exit,
-	})
 	cache := filepath.Join(filepath.Dir(filepath.Dir(env.Bundle)), cacheDirName)
 	runner, err := wasm.NewRunner(wasm.Config{StateDir: filepath.Join(env.Bundle, stateDir), CacheDir: cache, Logger: env.Log})
 	if err != nil {
 		return nil, err
 	}
-	return &shimkit.Services{Sandbox: svc, Runner: runner, PodFiles: p.PodFiles}, nil
+	return pod.Services(env, runtimeName, runner), nil
 }
 
 // deleteDead is `delete` after a dead shim: its containers' cgroups and mounts, then
@@ -132,12 +106,6 @@ func environ(env []string) []string {
 		}
 	}
 	return bootstrap.SetEnv(kept, map[string]string{"GOMAXPROCS": "1"})
-}
-
-func versionString() string { return version.Version }
-
-func writeVersion(w io.Writer) error {
-	return bootstrap.WriteVersion(w, version.Name, version.Version)
 }
 
 func logger(w io.Writer, debug bool, level slog.Level) *slog.Logger {

@@ -2,17 +2,16 @@ package shimconformance
 
 import (
 	"fmt"
-	"math"
 	"path/filepath"
-	"sort"
 	"strings"
 
 	runcoptions "github.com/containerd/containerd/api/types/runc/options"
 	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
 	"github.com/pelletier/go-toml/v2"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/crisp-runtime/crisp/internal/protofields"
 )
 
 // IsRuncShim reports whether a shim takes containerd.runc.v1.Options, judged by its
@@ -34,7 +33,7 @@ func RuntimeOptions(table map[string]any, runc bool) (*anypb.Any, error) {
 	if runc {
 		msg = &runcoptions.Options{}
 	}
-	if err := setFields(msg.ProtoReflect(), table); err != nil {
+	if err := protofields.Set(msg.ProtoReflect(), table); err != nil {
 		return nil, err
 	}
 	data, err := proto.Marshal(msg)
@@ -60,54 +59,4 @@ func ParseOptionsTable(text string) (map[string]any, error) {
 		return nil, fmt.Errorf("runtime options %q are neither TOML lines nor an inline table: %w", text, err)
 	}
 	return wrapped.O, nil
-}
-
-func fieldKey(s string) string { return strings.ToLower(strings.ReplaceAll(s, "_", "")) }
-
-// setFields sets the fields of m named by table's keys from TOML values.
-func setFields(m protoreflect.Message, table map[string]any) error {
-	fields := m.Descriptor().Fields()
-	byKey := map[string]protoreflect.FieldDescriptor{}
-	var names []string
-	for i := 0; i < fields.Len(); i++ {
-		f := fields.Get(i)
-		byKey[fieldKey(string(f.Name()))] = f
-		names = append(names, string(f.Name()))
-	}
-	keys := make([]string, 0, len(table))
-	for k := range table {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		f, ok := byKey[fieldKey(k)]
-		if !ok || f.IsList() || f.IsMap() {
-			return fmt.Errorf("unknown key %q for %s (have %s)", k, m.Descriptor().FullName(), strings.Join(names, ", "))
-		}
-		v, err := protoValue(f, table[k])
-		if err != nil {
-			return fmt.Errorf("%s: %w", k, err)
-		}
-		m.Set(f, v)
-	}
-	return nil
-}
-
-// protoValue converts a TOML value (string, bool, int64) to a field's kind.
-func protoValue(f protoreflect.FieldDescriptor, v any) (protoreflect.Value, error) {
-	switch f.Kind() {
-	case protoreflect.StringKind:
-		if s, ok := v.(string); ok {
-			return protoreflect.ValueOfString(s), nil
-		}
-	case protoreflect.BoolKind:
-		if b, ok := v.(bool); ok {
-			return protoreflect.ValueOfBool(b), nil
-		}
-	case protoreflect.Uint32Kind:
-		if n, ok := v.(int64); ok && n >= 0 && n <= math.MaxUint32 {
-			return protoreflect.ValueOfUint32(uint32(n)), nil
-		}
-	}
-	return protoreflect.Value{}, fmt.Errorf("want a %s, got %v (%T)", f.Kind(), v, v)
 }
