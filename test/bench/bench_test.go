@@ -27,7 +27,7 @@ var (
 	resultsDir = flag.String("results", "results", "directory the JSON report is written to")
 	cycles     = flag.Int("cycles", 50, "sequential pod cycles timed per runtime")
 	churnFor   = flag.Duration("churn", 60*time.Second, "how long the 10-client churn runs per runtime")
-	only       = flag.String("only", "", "run one runtime only (crisp or containerd; without the pull part then), or only the NRI comparison (nri), the tracing comparison (tracing) or the pull benchmark (pull)")
+	only       = flag.String("only", "", "run one runtime only (crisp or containerd; without the pull part then), or only the NRI comparison (nri), the tracing comparison (tracing), the WebAssembly comparison (wasm) or the pull benchmark (pull)")
 	hold       = flag.Duration("hold", 0, "keep the 20 memory pods this long after measuring them (to profile them by hand)")
 	metricsOn  = flag.Bool("crisp-metrics", true, "serve crisp's Prometheus metrics on a loopback port, for the pod start breakdown (-crisp-metrics=false measures crisp without)")
 	base       = flag.Bool("base", true, "run the base measurements: sequential cycles, churn, 20 pods' memory, exec, lists at 100 pods (-base=false for quick density or soak runs)")
@@ -81,12 +81,13 @@ func TestBench(t *testing.T) {
 		t.Fatal("-instance must be 0-7")
 	}
 	switch *only {
-	case "", "crisp", "containerd", "nri", "tracing", "pull":
+	case "", "crisp", "containerd", "nri", "tracing", "wasm", "pull":
 	default:
-		t.Fatalf("-only %q: want crisp, containerd, nri, tracing or pull", *only)
+		t.Fatalf("-only %q: want crisp, containerd, nri, tracing, wasm or pull", *only)
 	}
 	runNRI := (*nriCost && (*only == "" || *only == "crisp")) || *only == "nri"
 	runTracing := (*tracingOn && (*only == "" || *only == "crisp")) || *only == "tracing"
+	runWasm := (*wasmOn && (*only == "" || *only == "crisp")) || *only == "wasm"
 	benchRoot := benchRoot(*instance)
 	// One run of an instance at a time: its runs share benchRoot, the bridges, the
 	// subnets and the cgroup parents, and each removes what it finds there.
@@ -121,7 +122,7 @@ func TestBench(t *testing.T) {
 	var big []string
 	for i := range 6 {
 		big = append(big, fmt.Sprintf("%s/big%d:bench", host, i))
-		if *only != "nri" && *only != "tracing" && *only != "pull" {
+		if *only != "nri" && *only != "tracing" && *only != "wasm" && *only != "pull" {
 			imagetest.Push(t, host, fmt.Sprintf("big%d:bench", i), bigImage(t, uint64(i)))
 		}
 	}
@@ -200,6 +201,21 @@ func TestBench(t *testing.T) {
 		}
 		if err != nil {
 			t.Errorf("tracing comparison: %v", err)
+		}
+	}
+
+	if runWasm && ctx.Err() == nil {
+		res := rep.Runtimes["crisp"]
+		if res == nil {
+			res = Results{}
+		}
+		tmpl := Spec{Registry: host, PauseImage: pause, Bin: *binDir}
+		err := runWasmCost(ctx, t, benchRoot, tmpl, host, busybox, res)
+		if len(res) > 0 {
+			rep.Runtimes["crisp"] = res
+		}
+		if err != nil {
+			t.Errorf("wasm comparison: %v", err)
 		}
 	}
 

@@ -64,6 +64,28 @@
 //     ExecSyncs each, all traced: each shim's PSS and USS (Δ with a bootstrap interval
 //     over the shims), and criserver's RSS and RssAnon after the warm-up and after
 //     the timed cycles.
+//   - WebAssembly pods (-wasm, on by default: ~80 s at 40 cycles; -only wasm runs it
+//     alone): one crisp with two runtime handlers, runc (shim-runc) and wasm
+//     (shim-wasm), its own dir, socket, bridge, cgroup parent and the last /18 of the
+//     crisp run's /16. The module is the e2e tests' test/e2e/testdata/wasm/hello,
+//     built once a run with the go command for wasip1 (skipped, with a log line, when
+//     it cannot build for wasip1 or the source is not found) and pushed as an OCI
+//     image whose entrypoint is /hello.wasm. 3 warm-up cycles each (the first wasm
+//     one compiles the module into crisp's compilation cache: the first cycle of each
+//     handler is reported as the cold start), then -cycles rounds of one pod cycle on
+//     each, the order alternating: runc a busybox `sleep 3600`, wasm the module with
+//     sleep=forever, each RunPodSandbox, CreateContainer, StartContainer (pod start),
+//     StopContainer with no grace, StopPodSandbox, RemovePodSandbox. shim-wasm's
+//     StartContainer returns before the module is loaded, so the wasm cycle also waits
+//     for the container's first output in its CRI log (running: pod start and that
+//     wait; the wait is in no cycle phase). Pod start p50/p99, running p50 and pod
+//     cycle p50 of each, wasm's Δ against runc with its 95 % bootstrap interval, the
+//     noise of each between its even and odd rounds. Then, one handler at a time, 10
+//     pods running at once, and per pod the PSS/USS of its shim, its pause process
+//     and its container's process (runc: the `sleep`; wasm: the `shim-wasm _run`
+//     child, Go runtime, wazero and the module), their sum, wasm's Δ with a bootstrap
+//     interval over the pods, and the container's USS by kind of mapping (anonymous
+//     executable: wazero's compiled code; other anonymous; file-backed).
 //   - pull (in every run at a small size; -pull for the full one; -only pull for it
 //     alone): images the benchmark generates (NewPullTree, seeded, 4-25 s at full
 //     size, so not cached): 6 layers, ~25,000 small text-like files (locales, Perl
@@ -107,9 +129,10 @@
 // crisp_container_create_phase_duration_seconds. With -base=false it runs -cycles
 // sequential cycles for that alone.
 //
-// Quick runs: BENCHFLAGS='-only crisp -base=false -density 10 -idle 5s -list-calls 20 -nri=false -tracing=false';
+// Quick runs: BENCHFLAGS='-only crisp -base=false -density 10 -idle 5s -list-calls 20 -nri=false -tracing=false -wasm=false';
 // the NRI cost alone: BENCHFLAGS='-only nri'; the tracing cost alone against the
-// build before tracing: BENCHFLAGS='-only tracing -base-bin DIR'.
+// build before tracing: BENCHFLAGS='-only tracing -base-bin DIR'; WebAssembly pods
+// against runc pods alone: BENCHFLAGS='-only wasm -cycles 40'.
 // The pull benchmark alone at full size: BENCHFLAGS='-only pull -pull'.
 //
 // Runs of one -instance (0 by default) wait for each other (a lock next to their

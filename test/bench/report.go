@@ -226,6 +226,12 @@ func (r *Report) WriteTable(w io.Writer) error {
 			return err
 		}
 	}
+	if res, ok := r.Runtimes["crisp"]; ok && res["wasm_cycles"] > 0 {
+		fmt.Fprintln(w)
+		if err := WriteWasmTable(w, res); err != nil {
+			return err
+		}
+	}
 	for _, n := range r.Notes {
 		fmt.Fprintln(w, "note:", n)
 	}
