@@ -529,6 +529,25 @@ func TestE2EWasm(t *testing.T) {
 			t.Errorf("memory usage %d, working set %d; the cgroup's usage %d: want a working set > 1 MiB within the usage, the usage the cgroup's",
 				mem, ws, fileMem)
 		}
+		// The pod's stats (the kit's pod, its cgroup and network) list the module's
+		// container and count at least its memory.
+		ps, err := e.rt.PodSandboxStats(ctx, &cri.PodSandboxStatsRequest{PodSandboxId: podID})
+		if err != nil {
+			t.Fatalf("PodSandboxStats: %v", err)
+		}
+		lin := ps.GetStats().GetLinux()
+		t.Logf("pod: cpu %d ns, memory %d, %d containers, network %v", lin.GetCpu().GetUsageCoreNanoSeconds().GetValue(),
+			lin.GetMemory().GetWorkingSetBytes().GetValue(), len(lin.GetContainers()), lin.GetNetwork().GetDefaultInterface())
+		if len(lin.GetContainers()) != 1 || lin.GetContainers()[0].GetAttributes().GetId() != id {
+			t.Errorf("pod stats list containers %v, want the module's %s", lin.GetContainers(), id)
+		}
+		if lin.GetCpu().GetUsageCoreNanoSeconds().GetValue() == 0 || lin.GetMemory().GetWorkingSetBytes().GetValue() < ws/2 {
+			t.Errorf("pod CPU %d ns, working set %d: want CPU > 0 and at least the module's working set (%d) roughly",
+				lin.GetCpu().GetUsageCoreNanoSeconds().GetValue(), lin.GetMemory().GetWorkingSetBytes().GetValue(), ws)
+		}
+		if lin.GetNetwork().GetDefaultInterface().GetName() != "eth0" {
+			t.Errorf("pod network %v, want eth0 of the pod's netns", lin.GetNetwork())
+		}
 	})
 
 	// Nothing can be executed in a module, and a module has no terminal.
