@@ -66,6 +66,8 @@ type Spec struct {
 	// TaskShim and TaskRunc, when set, add containerd's runc shim (with that runc) to
 	// crisp as the task-only runtime handler TaskShimHandler.
 	TaskShim, TaskRunc string
+	// ExtraConfig is TOML appended to crisp's config (more runtime handlers).
+	ExtraConfig string
 	// NRI turns crisp's NRI on, its socket and (empty) plugin directories under Dir:
 	// never the machine's /var/run/nri or /opt/nri/plugins.
 	NRI bool
@@ -301,6 +303,7 @@ namespace = "k8s.io"
 	if s.TracingEndpoint != "" {
 		cfg += fmt.Sprintf("[tracing]\nenable = true\nendpoint = %q\nprotocol = \"grpc\"\ninsecure = true\nsampling_ratio = 1.0\n", s.TracingEndpoint)
 	}
+	cfg += s.ExtraConfig
 	path := filepath.Join(s.Dir, "config.toml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		return nil, err

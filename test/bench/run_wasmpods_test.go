@@ -84,35 +84,11 @@ func wasmImage(t *testing.T, module []byte) v1.Image {
 }
 
 // startCrispWasm starts criserver as StartCrisp does (own root, state, socket and
-// CNI network; no metrics, NRI or tracing) with two runtime handlers: runc
-// (shim-runc) and wasmHandler (shim-wasm), both from s.Bin, both with their
-// default warm spare.
+// CNI network; no metrics, NRI or tracing) with a second runtime handler,
+// wasmHandler (shim-wasm from s.Bin, its default warm spare).
 func startCrispWasm(ctx context.Context, s Spec) (*Daemon, error) {
-	d := &Daemon{Name: "crisp", Dir: s.Dir, Socket: filepath.Join(s.Dir, "crisp.sock"),
-		CgroupParent: s.CgroupParent, Bridge: s.Bridge}
-	netd := filepath.Join(s.Dir, "net.d")
-	if err := writeCNI(netd, s.Dir, s.Bridge, s.Subnet); err != nil {
-		return nil, err
-	}
-	cfg := fmt.Sprintf(`socket = %q
-root_dir = %q
-state_dir = %q
-log_level = "warn"
-[cni]
-conf_dir = %q
-[runtimes.runc]
-shim = %q
-namespace = "k8s.io"
-[runtimes.%s]
-shim = %q
-namespace = "k8s.io"
-`, d.Socket, filepath.Join(s.Dir, "root"), filepath.Join(s.Dir, "state"), netd,
-		filepath.Join(s.Bin, "shim-runc"), wasmHandler, filepath.Join(s.Bin, "shim-wasm"))
-	path := filepath.Join(s.Dir, "config.toml")
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-		return nil, err
-	}
-	return d, d.start(ctx, exec.Command(filepath.Join(s.Bin, "criserver"), "--config", path))
+	s.ExtraConfig += fmt.Sprintf("[runtimes.%s]\nshim = %q\nnamespace = \"k8s.io\"\n", wasmHandler, filepath.Join(s.Bin, "shim-wasm"))
+	return StartCrisp(ctx, s)
 }
 
 // wasmCtrConfig is the container of a comparison pod: busybox's `sleep 3600` on runc,
