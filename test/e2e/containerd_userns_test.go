@@ -104,10 +104,10 @@ func (c *ctrd) usernsHostNetwork(t *testing.T, handler string) {
 	}
 	pid := c.ctrPid(ctx, t, id)
 	proc := fmt.Sprintf("/proc/%d/ns/", pid)
-	if nsInode(t, proc+"net") != nsInode(t, "/proc/self/ns/net") {
+	if nsInode(t, proc+"net") != nsInode(t, "/proc/thread-self/ns/net") {
 		t.Error("the host-network pod's container is not in the host's network namespace")
 	}
-	if nsInode(t, proc+"user") == nsInode(t, "/proc/self/ns/user") {
+	if nsInode(t, proc+"user") == nsInode(t, "/proc/thread-self/ns/user") {
 		t.Error("the container is in the host's user namespace")
 	}
 }

@@ -300,7 +300,7 @@ func TestE2EContainersSharePod(t *testing.T) {
 	if na, nb := nsOf(a), nsOf(b); na != nb {
 		t.Errorf("containers of one pod are in different namespaces:\n%s\n%s", na, nb)
 	}
-	host, _ := os.Readlink("/proc/self/ns/ipc")
+	host, _ := os.Readlink("/proc/thread-self/ns/ipc")
 	if strings.Contains(nsOf(a), host) {
 		t.Errorf("container shares the host's IPC namespace %s", host)
 	}

@@ -120,6 +120,11 @@ func alive(pid int) bool {
 	return err == nil && !st.Exiting()
 }
 
+// nsInode is the inode of a namespace file. The tests' own namespaces are read as
+// /proc/thread-self/ns/*: /proc/self/ns/* are the main thread's, which a parallel
+// test's inNetns may have switched into a pod's netns at that moment (a
+// TestE2EUsernsHostNetwork failure in CI came from it); the calling thread is never
+// a switched one, since inNetns locks its goroutine to its thread.
 func nsInode(t *testing.T, path string) uint64 {
 	t.Helper()
 	var st syscall.Stat_t

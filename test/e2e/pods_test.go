@@ -279,7 +279,7 @@ func TestE2EHostNetworkAndDNS(t *testing.T) {
 	if info.NetNS != "" {
 		t.Errorf("host network pod got a netns %q", info.NetNS)
 	}
-	if nsInode(t, fmt.Sprintf("/proc/%d/ns/net", info.Pid)) != nsInode(t, "/proc/self/ns/net") {
+	if nsInode(t, fmt.Sprintf("/proc/%d/ns/net", info.Pid)) != nsInode(t, "/proc/thread-self/ns/net") {
 		t.Errorf("host network pause is not in the host netns")
 	}
 	if st.Linux.Namespaces.Options.Network != cri.NamespaceMode_NODE {
@@ -304,7 +304,7 @@ func TestE2EHostNetworkAndDNS(t *testing.T) {
 	cfg2.Linux.Sysctls = map[string]string{"net.ipv4.ip_unprivileged_port_start": "80", "kernel.shm_rmid_forced": "1"}
 	id2 := e.runPod(ctx, cfg2)
 	_, info2 := e.status(ctx, id2)
-	if nsInode(t, fmt.Sprintf("/proc/%d/ns/pid", info2.Pid)) == nsInode(t, "/proc/self/ns/pid") {
+	if nsInode(t, fmt.Sprintf("/proc/%d/ns/pid", info2.Pid)) == nsInode(t, "/proc/thread-self/ns/pid") {
 		t.Errorf("pid POD pod shares the host pid namespace")
 	}
 	if v := nsenterOut(t, "--net="+info2.NetNS, "cat", "/proc/sys/net/ipv4/ip_unprivileged_port_start"); strings.TrimSpace(v) != "80" {

@@ -347,16 +347,16 @@ func TestE2EUsernsHostNetwork(t *testing.T) {
 	}
 	pauseNS := fmt.Sprintf("/proc/%d/ns/", info.Pid)
 	for _, ns := range []string{"net", "uts"} {
-		if nsInode(t, pauseNS+ns) != nsInode(t, "/proc/self/ns/"+ns) {
+		if nsInode(t, pauseNS+ns) != nsInode(t, "/proc/thread-self/ns/"+ns) {
 			t.Errorf("pause process is not in the host's %s namespace", ns)
 		}
 	}
 	userNS := nsInode(t, pauseNS+"user")
-	if userNS == nsInode(t, "/proc/self/ns/user") {
+	if userNS == nsInode(t, "/proc/thread-self/ns/user") {
 		t.Fatal("pause process is in the host's user namespace")
 	}
 	for _, ns := range []string{"ipc", "pid"} {
-		if nsInode(t, pauseNS+ns) == nsInode(t, "/proc/self/ns/"+ns) {
+		if nsInode(t, pauseNS+ns) == nsInode(t, "/proc/thread-self/ns/"+ns) {
 			t.Errorf("pause process shares the host's %s namespace", ns)
 		} else if ownerUserNS(t, pauseNS+ns) != userNS {
 			t.Errorf("the pod's %s namespace is not owned by its user namespace", ns)
