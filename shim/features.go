@@ -1,22 +1,13 @@
 package shim
 
 import (
-	"encoding/json"
-	"fmt"
-	"strconv"
-
 	"github.com/opencontainers/runc/libcontainer/capabilities"
 	"github.com/opencontainers/runc/libcontainer/configs"
 	"github.com/opencontainers/runc/libcontainer/seccomp"
 	"github.com/opencontainers/runc/libcontainer/specconv"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/opencontainers/runtime-spec/specs-go/features"
-	"google.golang.org/protobuf/types/known/anypb"
 )
-
-// featuresTypeURL is the type URL containerd registers for the OCI features document
-// (core/runtime/typeurl.go); its value is the document as JSON.
-var featuresTypeURL = "types.containerd.io/opencontainers/runtime-spec/" + strconv.Itoa(specs.VersionMajor) + "/features/Features"
 
 // Features is what the shim can run, as an OCI runtime features document: the one
 // `runc features` prints, made from the same libcontainer the shim runs containers
@@ -57,13 +48,4 @@ func Features() *features.Features {
 		}
 	}
 	return feat
-}
-
-// featuresAny is Features as the Any containerd unmarshals.
-func featuresAny() (*anypb.Any, error) {
-	data, err := json.Marshal(Features())
-	if err != nil {
-		return nil, fmt.Errorf("encode runtime features: %w", err)
-	}
-	return &anypb.Any{TypeUrl: featuresTypeURL, Value: data}, nil
 }

@@ -14,7 +14,7 @@ const RuntimeName = "crisp-shim-runc"
 // Info prints the protobuf RuntimeInfo that containerd asks for with -info, with the
 // shim's OCI features (Features).
 func Info(stdin io.Reader, stdout io.Writer) error {
-	feat, err := featuresAny()
+	feat, err := bootstrap.FeaturesAny(Features())
 	if err != nil {
 		return err
 	}

@@ -9,11 +9,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/cgroups"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/crisp-runtime/crisp/internal/atomicfile"
 	"github.com/crisp-runtime/crisp/internal/mount"
@@ -66,7 +68,10 @@ type record struct {
 	Rootfs string `json:"rootfs,omitempty"`
 }
 
-var _ task.Runner = (*Runner)(nil)
+var (
+	_ task.Runner      = (*Runner)(nil)
+	_ task.OOMReporter = (*Runner)(nil)
+)
 
 // NewRunner returns the runner; it creates the state dir.
 func NewRunner(cfg Config) (*Runner, error) {
@@ -116,6 +121,11 @@ func (r *Runner) Create(ctx context.Context, req *task.CreateRequest) (_ *task.C
 	}
 	if spec.Linux == nil || spec.Linux.CgroupsPath == "" {
 		return nil, invalid("container %q: the spec names no linux.cgroupsPath", req.ID)
+	}
+	if slices.ContainsFunc(spec.Linux.Namespaces, func(ns specs.LinuxNamespace) bool { return ns.Type == specs.UserNamespace }) {
+		// The module's process runs as the shim's user (Features lists no namespace):
+		// what it wrote would belong to the host's root, not the pod's mapped IDs.
+		return nil, task.Errorf(errdefs.ErrNotImplemented, "container %q: WebAssembly containers cannot run in a user namespace (hostUsers: false)", req.ID)
 	}
 	cgPath, err := parseCgroupsPath(spec.Linux.CgroupsPath)
 	if err != nil {
@@ -168,7 +178,7 @@ func (r *Runner) Create(ctx context.Context, req *task.CreateRequest) (_ *task.C
 		return nil, internal("container %q: %v", req.ID, err)
 	}
 	defer func() { _ = startR.Close() }()
-	args := []string{RunArg}
+	args := []string{RunArg, "--oom-file", r.oomPath(req.ID)}
 	if r.cfg.CacheDir != "" {
 		args = append(args, "--cache-dir", r.cfg.CacheDir)
 	}
@@ -266,8 +276,10 @@ func (r *Runner) Delete(_ context.Context, id, rootfs string) error {
 			errs = append(errs, fmt.Errorf("unmount rootfs: %w", err))
 		}
 	}
-	if err := os.Remove(r.recordPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		errs = append(errs, err)
+	for _, p := range []string{r.oomPath(id), r.recordPath(id)} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return internal("delete container %q: %v", id, err)
@@ -286,6 +298,22 @@ func destroyCgroup(cg cgroups.Manager) error {
 		}
 	}
 	return cg.Destroy()
+}
+
+// OOMKilled reports whether the container's module exited over its memory limit:
+// the `_run` child created its oom file then (task.OOMReporter).
+func (r *Runner) OOMKilled(id string, status uint32) bool {
+	if status != run.ExitMemoryLimit {
+		return false
+	}
+	_, err := os.Stat(r.oomPath(id))
+	return err == nil
+}
+
+// oomPath is the file container id's `_run` creates when its module exceeds its
+// memory limit.
+func (r *Runner) oomPath(id string) string {
+	return filepath.Join(r.cfg.StateDir, id+".oom")
 }
 
 func (r *Runner) recordPath(id string) string {

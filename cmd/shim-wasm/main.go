@@ -51,7 +51,7 @@ func run(args []string) int {
 	case a.Version:
 		err = bootstrap.WriteVersion(os.Stdout, version.Name, version.Version)
 	case a.Info:
-		err = bootstrap.WriteInfo(os.Stdin, os.Stdout, runtimeName, version.Version, nil)
+		err = writeInfo()
 	case a.Action == "start":
 		err = bootstrap.Start(ctx, a.Flags, os.Stdin, os.Stdout, bootstrap.StartOptions{Environ: environ})
 	case a.Action == "delete":
@@ -68,6 +68,15 @@ func run(args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// writeInfo prints -info's RuntimeInfo with the runner's OCI features document.
+func writeInfo() error {
+	feat, err := bootstrap.FeaturesAny(wasm.Features())
+	if err != nil {
+		return err
+	}
+	return bootstrap.WriteInfo(os.Stdin, os.Stdout, runtimeName, version.Version, feat)
 }
 
 // services are the kit's standard pod (pause process, pod cgroup) and the WASM runner.

@@ -457,6 +457,10 @@ func Default() Config {
 		},
 		Runtimes: map[string]Runtime{
 			"runc": {Shim: "shim-runc", Namespace: "k8s.io", WarmSpare: true},
+			// WebAssembly pods (RuntimeClass handler "wasm"), built and shipped with
+			// shim-runc. No warm spare: most nodes rarely run one, and a spare would be
+			// an idle shim on every node.
+			"wasm": {Shim: "shim-wasm", Namespace: "k8s.io"},
 		},
 	}
 }

@@ -197,6 +197,9 @@ func (s *Service) sandboxSpec(r *podRun) (controller.Spec, error) {
 	if userNS != nil && !s.usernsSupported {
 		return controller.Spec{}, fmt.Errorf("%w: user namespaces are not supported on this node (see criserver's start-up log; Status does not advertise them)", errdefs.ErrFailedPrecondition)
 	}
+	if userNS != nil && !s.handlerFeatures(r.handler).UserNamespaces {
+		return controller.Spec{}, fmt.Errorf("%w: runtime handler %q does not run pods in user namespaces (its shim does not offer them; Status does not advertise them for it): use a handler that does, or hostUsers: true", errdefs.ErrFailedPrecondition, r.handler)
+	}
 	uts := options.NamespaceMode_POD
 	if r.hostNet {
 		// A pod on the host network keeps the host's hostname, as kubelet expects.

@@ -55,6 +55,9 @@ type Service struct {
 	// snapshots work here (probed once in New; Status advertises user_namespaces per
 	// runtime handler and RunPodSandbox refuses userns pods without it).
 	usernsSupported bool
+	// features are each runtime handler's features (probeHandlers, once in New):
+	// the node's, less what the handler's shim cannot run.
+	features map[string]*runtime.RuntimeHandlerFeatures
 	// metrics records pod and container start latency and container exits; nil (the
 	// default) records nothing. Set by SetMetrics before serving.
 	metrics *metrics.Metrics
@@ -148,7 +151,8 @@ func New(cfg config.Config, st *store.Store, ctrl *controller.Controller, net *n
 		log.Warn("user namespaces are not supported here: pods with hostUsers: false are refused and not advertised", "err", err)
 	}
 	bg, stop := context.WithCancel(context.Background())
-	svc := &Service{cfg: cfg, store: st, ctrl: ctrl, net: net, images: images, log: log, rroSupported: rro, usernsSupported: userns, cdi: spec.NewCDI(cfg.CDI.SpecDirs), podNames: newNameIndex("pod"), ctrNames: newNameIndex("container"), pods: map[string]*pod{}, containers: map[string]*container{},
+	feats := probeHandlers(bg, cfg, nodeFeatures{rro: rro, userns: userns}, log)
+	svc := &Service{cfg: cfg, features: feats, store: st, ctrl: ctrl, net: net, images: images, log: log, rroSupported: rro, usernsSupported: userns, cdi: spec.NewCDI(cfg.CDI.SpecDirs), podNames: newNameIndex("pod"), ctrNames: newNameIndex("container"), pods: map[string]*pod{}, containers: map[string]*container{},
 		bg: bg, stopBG: stop, labels: newSELinuxLabels(selinuxLib{})}
 	svc.shmLabelOff = initSELinux(cfg, log)
 	if aa := apparmor.New(cfg.DisableAppArmor); aa != nil {
@@ -186,14 +190,13 @@ func (s *Service) Version(context.Context, *runtime.VersionRequest) (*runtime.Ve
 	}, nil
 }
 
-// handlerFeatures are what pods on a handler can have. A task-only shim's runc may be
-// too old for recursive read-only mounts (runc < 1.2), and crisp sets up user
-// namespaces only in its own shim: neither is offered there.
+// handlerFeatures are what pods on a handler can have (probeHandlers decided them).
 func (s *Service) handlerFeatures(name string) *runtime.RuntimeHandlerFeatures {
-	if s.cfg.Runtimes[name].Mode() == config.SandboxModeTask {
+	f, ok := s.features[name]
+	if !ok {
 		return &runtime.RuntimeHandlerFeatures{}
 	}
-	return &runtime.RuntimeHandlerFeatures{RecursiveReadOnlyMounts: s.rroSupported, UserNamespaces: s.usernsSupported}
+	return &runtime.RuntimeHandlerFeatures{RecursiveReadOnlyMounts: f.RecursiveReadOnlyMounts, UserNamespaces: f.UserNamespaces}
 }
 
 // usernsHostNetwork: user-namespaced pods on the host network can run here. A

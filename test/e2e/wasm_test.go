@@ -444,9 +444,11 @@ func TestE2EWasm(t *testing.T) {
 			cs := e.waitExit(ctx, started[i].id, time.Minute)
 			stdout, stderr := logStreams(readLogIfAny(t, started[i].log))
 			allocated := slices.Contains(stdout, fmt.Sprintf("allocated %d MiB", tc.mib))
-			if cs.ExitCode != tc.wantCode || allocated != (tc.wantCode == 0) {
-				t.Errorf("%s: %d MiB under a 32 MiB limit exited %d (%q), want %d; stdout %q, stderr %q",
-					tc.name, tc.mib, cs.ExitCode, cs.Reason, tc.wantCode, stdout, stderr)
+			// Over its limit the module was killed for memory, as kubelet shows an OOM kill.
+			wantReason := map[int32]string{0: "Completed", 137: "OOMKilled"}[tc.wantCode]
+			if cs.ExitCode != tc.wantCode || cs.Reason != wantReason || allocated != (tc.wantCode == 0) {
+				t.Errorf("%s: %d MiB under a 32 MiB limit exited %d (%q), want %d (%s); stdout %q, stderr %q",
+					tc.name, tc.mib, cs.ExitCode, cs.Reason, tc.wantCode, wantReason, stdout, stderr)
 			}
 			if tc.wantCode == 137 && !slices.ContainsFunc(stderr, func(l string) bool { return strings.Contains(l, "memory limit") }) {
 				t.Errorf("%s: stderr %q does not say the module exceeded its memory limit", tc.name, stderr)
@@ -547,6 +549,60 @@ func TestE2EWasm(t *testing.T) {
 		}
 		if lin.GetNetwork().GetDefaultInterface().GetName() != "eth0" {
 			t.Errorf("pod network %v, want eth0 of the pod's netns", lin.GetNetwork())
+		}
+	})
+
+	// Status advertises no user namespaces for the handler (shim-wasm's -info lists
+	// no namespace) while runc's keeps them, and a user-namespaced pod is refused
+	// with the reason before anything is made.
+	run("features", func(t *testing.T) {
+		st, err := e.rt.Status(ctx, &cri.StatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]*cri.RuntimeHandlerFeatures{}
+		for _, h := range st.GetRuntimeHandlers() {
+			got[h.GetName()] = h.GetFeatures()
+		}
+		w, r := got[wasmHandler], got["runc"]
+		if w == nil || w.GetUserNamespaces() || !w.GetRecursiveReadOnlyMounts() {
+			t.Errorf("handler %s features %v, want recursive read-only mounts and no user namespaces", wasmHandler, w)
+		}
+		if r == nil || !r.GetUserNamespaces() {
+			t.Errorf("handler runc features %v, want user namespaces (the node has them)", r)
+		}
+		cfg := e.podConfig("wasm-userns")
+		cfg.Linux.SecurityContext.NamespaceOptions.UsernsOptions = usernsOptions(100000, 65536)
+		_, err = e.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: cfg, RuntimeHandler: wasmHandler})
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), `"`+wasmHandler+`" does not run pods in user namespaces`) {
+			t.Errorf("RunPodSandbox of a user-namespaced pod on %s: %v, want FailedPrecondition naming the handler", wasmHandler, err)
+		}
+		if list, err := e.rt.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{Filter: &cri.PodSandboxFilter{LabelSelector: cfg.Labels}}); err != nil || len(list.GetItems()) != 0 {
+			t.Errorf("after the refused pod: %v (%v), want no pod", list.GetItems(), err)
+		}
+	})
+
+	// Attach streams the module's stdout and feeds its stdin (the kit's attach,
+	// as for any container): the module echoes what it reads and ends at stdin's end.
+	run("attach", func(t *testing.T) {
+		podID, pod := e.wasmPod(ctx, t, "wasm-attach")
+		cfg := wasmCtr("cat", compat, nil, "cat=echo ")
+		cfg.Stdin, cfg.StdinOnce = true, true
+		id, logPath := e.runWasmCtr(ctx, podID, pod, cfg)
+		as := e.attach(ctx, t, id, spdyTransport, false, strings.NewReader("meow\npurr\n"))
+		as.ended(t, 30*time.Second)
+		cs := e.waitExit(ctx, id, time.Minute)
+		if cs.ExitCode != 0 {
+			t.Errorf("the attached module exited %d (%q), want 0", cs.ExitCode, cs.Reason)
+		}
+		for _, want := range []string{"echo meow", "echo purr", "cat: 2 lines"} {
+			if !strings.Contains(as.out.String(), want+"\n") {
+				t.Errorf("attach's stdout %q lacks %q", as.out.String(), want)
+			}
+		}
+		stdout, _ := logStreams(waitLogLine(t, logPath, "stdout cat: 2 lines", 10*time.Second))
+		if !slices.Contains(stdout, "echo meow") {
+			t.Errorf("the log's stdout %q lacks what attach fed the module", stdout)
 		}
 	})
 

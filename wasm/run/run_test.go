@@ -381,6 +381,41 @@ func TestMainSIGTERM(t *testing.T) {
 	}
 }
 
+// TestMainOOMFile: _run creates its --oom-file when the module exceeds its memory
+// limit, and only then (the shim tells an OOM kill from a SIGKILL by it).
+func TestMainOOMFile(t *testing.T) {
+	limit := int64(32 << 20)
+	withLimit := func(s *specs.Spec) {
+		s.Linux = &specs.Linux{Resources: &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}}}
+	}
+	for _, tc := range []struct {
+		name     string
+		mib      string
+		wantCode int
+	}{
+		{name: "beyond", mib: "64", wantCode: ExitMemoryLimit},
+		{name: "within", mib: "8", wantCode: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			oom := filepath.Join(t.TempDir(), "c.oom")
+			cmd := exec.Command(os.Args[0], "--cache-dir", filepath.Join(testDir, "cache"), "--oom-file", oom, bundle(t, withLimit, "hog", tc.mib))
+			cmd.Env = append(os.Environ(), mainEnv+"=1")
+			out, err := cmd.CombinedOutput()
+			code := 0
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				code = ee.ExitCode()
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			_, serr := os.Stat(oom)
+			if code != tc.wantCode || (serr == nil) != (tc.wantCode == ExitMemoryLimit) {
+				t.Fatalf("_run hog %s MiB exited %d (want %d), oom file: %v; output %s", tc.mib, code, tc.wantCode, serr, out)
+			}
+		})
+	}
+}
+
 func TestMainLoadError(t *testing.T) {
 	dir := bundle(t, func(s *specs.Spec) { s.Process.Args = []string{"/etc/motd"} })
 	cmd := exec.Command(os.Args[0], dir)

@@ -21,6 +21,7 @@ import (
 	taskv3 "github.com/crisp-runtime/crisp/api/containerd/task/v3"
 	taskapi "github.com/crisp-runtime/crisp/api/containerd/types/task"
 	optionsv1 "github.com/crisp-runtime/crisp/api/options/v1"
+	"github.com/crisp-runtime/crisp/pkg/shimkit/events"
 
 	"github.com/crisp-runtime/crisp/internal/cgstats"
 	"github.com/crisp-runtime/crisp/internal/crilog"
@@ -46,8 +47,10 @@ type container struct {
 	init       *process
 	logw       *crilog.Writer // nil without a log path
 	oom        *oomWatch      // nil if the memory cgroup cannot be watched
-	log        *slog.Logger
-	svc        *Service
+	// runnerOOM: the Runner (an OOMReporter) said the init exited over its memory limit.
+	runnerOOM atomic.Bool
+	log       *slog.Logger
+	svc       *Service
 	// restore is set for a container created from a checkpoint until Start restores it.
 	restore *restoreSpec
 	// paused is set between Pause and Resume (the freezer cgroup is frozen); State
@@ -314,6 +317,12 @@ func (c *container) waitInit() {
 	// Right after the exit, before anything slow (the output drain): under the systemd
 	// driver the scope, and with it memory.events, goes as soon as it is empty.
 	oom := c.oom != nil && c.oom.checkExit(status == 128+uint32(unix.SIGKILL))
+	if r, ok := c.svc.runner.(OOMReporter); ok && !oom && r.OOMKilled(c.id, status) {
+		oom = true
+		c.runnerOOM.Store(true)
+		c.log.Warn("container exceeded its memory limit")
+		c.svc.events.Publish(events.TaskOOM{ContainerID: c.id})
+	}
 	if !c.privatePID {
 		// In a shared PID namespace nothing kills the rest of the container with its
 		// init (containerd's shim kills them too).

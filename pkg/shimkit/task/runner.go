@@ -40,6 +40,16 @@ type Pauser interface {
 	Resume(ctx context.Context, id string) error
 }
 
+// OOMReporter is a Runner that enforces a memory limit itself (a WebAssembly
+// runtime's pages, a VM's memory), so that the container's cgroup never sees the OOM
+// kill its init ended with. The kit reports such an exit as an OOM kill: a TaskOOM
+// event and ContainerInfo's oom_killed, which crisp turns into the CRI's OOMKilled.
+type OOMReporter interface {
+	// OOMKilled reports whether container id's init, which exited with status,
+	// ended for exceeding its memory limit. It is asked once, at the exit.
+	OOMKilled(id string, status uint32) bool
+}
+
 // Checkpointer is a Runner that can dump a running container and restore one (task
 // Checkpoint, and Create with a checkpoint; without it they answer Unimplemented).
 type Checkpointer interface {

@@ -841,7 +841,7 @@ func (s *Service) ContainerInfo(ctx context.Context, req *optionsv1.ContainerInf
 	if err != nil {
 		return nil, err
 	}
-	return &optionsv1.ContainerInfoResponse{OomKilled: c.oom != nil && c.oom.check()}, nil
+	return &optionsv1.ContainerInfoResponse{OomKilled: c.runnerOOM.Load() || (c.oom != nil && c.oom.check())}, nil
 }
 
 // Attach connects the caller's FIFOs to a running container's init (crisp.shim.v1.Shim):

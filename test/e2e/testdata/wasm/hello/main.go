@@ -8,9 +8,11 @@
 //	hog=MIB     allocate MIB mebibytes, touching every page, and keep them
 //	sleep=DUR   sleep for DUR (a Go duration, or "forever")
 //	exit=CODE   exit with CODE (the default is $EXIT_CODE, else 0)
+//	cat=PREFIX  print each line of stdin after PREFIX until its end, then "cat: N lines"
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"os"
@@ -70,6 +72,12 @@ func main() {
 			fmt.Println("sleeping")
 			time.Sleep(d)
 			fmt.Println("woke up")
+		case "cat":
+			n := 0
+			for sc := bufio.NewScanner(os.Stdin); sc.Scan(); n++ {
+				fmt.Println(v + sc.Text())
+			}
+			fmt.Printf("cat: %d lines\n", n)
 		case "exit":
 			code = atoi(v)
 		}
