@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/tetratelabs/wazero/experimental/sysfs"
 	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
 	"github.com/tetratelabs/wazero/sys"
+	"golang.org/x/sys/unix"
 )
 
 // Exit codes of a run that did not end with the module's own exit code (proc_exit or
@@ -94,6 +96,11 @@ func (p *Plan) Run(ctx context.Context, stdin io.Reader, stdout, stderr io.Write
 		return ExitCannotRun, fmt.Errorf("compile module %s: %w", p.Args[0], err)
 	}
 	defer compiled.Close(cleanupCtx)
+	// Loading the compiled code (from the cache: the file read whole, then copied to
+	// executable memory) left that much garbage on the heap, which the runtime would
+	// keep for minutes: returned now, it is 5 MiB less for every running module.
+	bin = nil
+	debug.FreeOSMemory()
 	// The allocator cannot refuse a memory's initial size (wazero requires it to
 	// succeed): a module whose memory starts above the limit is refused here. Every
 	// toolchain exports its memory; one that does not starts unchecked and meets the
@@ -211,42 +218,63 @@ type limitAllocator struct {
 	refused atomic.Bool
 }
 
-// Allocate implements experimental.MemoryAllocator.
+// Allocate implements experimental.MemoryAllocator. The memory is an anonymous
+// mapping of the most it may grow to, reserved inaccessible (which commits nothing,
+// even under strict overcommit) and made writable as it grows: it grows in place,
+// with no copy and no old copy left on the Go heap, and only the pages the module
+// touches take memory. Go's allocator, copying at each growth, left a Go module's
+// process 8 MiB larger.
 func (a *limitAllocator) Allocate(capacity, maxBytes uint64) experimental.LinearMemory {
 	if a.limit > 0 {
 		maxBytes = min(maxBytes, a.limit)
 	}
-	return &limitedMemory{a: a, max: maxBytes, buf: make([]byte, 0, capacity)}
+	return &limitedMemory{a: a, max: max(maxBytes, capacity)}
 }
 
 // limitedMemory is one linear memory of a limitAllocator.
 type limitedMemory struct {
 	a       *limitAllocator
 	max     uint64 // the most the memory may ever grow to
-	buf     []byte
+	mapping []byte // max bytes reserved; nil until the first Reallocate
+	rw      uint64 // bytes at its start made writable
 	started bool
 }
 
 // Reallocate implements experimental.LinearMemory. The first call is the memory's
 // initial size, which wazero requires to succeed (Run checks it against the limit).
+// A nil return is a refused growth.
 func (m *limitedMemory) Reallocate(size uint64) []byte {
 	if m.started && m.a.limit > 0 && size > m.a.limit {
 		m.a.refused.Store(true)
 		return nil
 	}
-	m.started = true
-	if size <= uint64(cap(m.buf)) {
-		m.buf = m.buf[:size]
-		return m.buf
+	if m.mapping == nil {
+		// At least one page, so that an empty memory maps too.
+		b, err := unix.Mmap(-1, 0, int(max(m.max, size, 1)), unix.PROT_NONE,
+			unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+		if err != nil {
+			return nil
+		}
+		m.mapping = b
 	}
-	// Grow as append does, so that a module growing page by page is not copied each
-	// time; the capacity beyond size is not touched, so it costs address space only.
-	newCap := max(size, min(2*uint64(cap(m.buf)), m.max))
-	buf := make([]byte, size, newCap)
-	copy(buf, m.buf)
-	m.buf = buf
-	return buf
+	if size > uint64(len(m.mapping)) {
+		return nil
+	}
+	if size > m.rw {
+		// Wasm pages are 64 KiB, a multiple of the host's page.
+		if err := unix.Mprotect(m.mapping[m.rw:size], unix.PROT_READ|unix.PROT_WRITE); err != nil {
+			return nil
+		}
+		m.rw = size
+	}
+	m.started = true
+	return m.mapping[:size:size]
 }
 
 // Free implements experimental.LinearMemory.
-func (m *limitedMemory) Free() { m.buf = nil }
+func (m *limitedMemory) Free() {
+	if m.mapping != nil {
+		_ = unix.Munmap(m.mapping)
+		m.mapping = nil
+	}
+}
