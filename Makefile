@@ -63,6 +63,8 @@ install: build
 	install -D -m 0755 $(BINDIR)/shim-runc $(DESTDIR)$(PREFIX)/bin/shim-runc
 # containerd 2.x finds runtime_type io.containerd.crisp.v1 as this name on its PATH.
 	ln -sfn shim-runc $(DESTDIR)$(PREFIX)/bin/containerd-shim-crisp-v1
+# The WebAssembly sandboxer, the default configuration's handler "wasm".
+	install -D -m 0755 $(BINDIR)/shim-wasm $(DESTDIR)$(PREFIX)/bin/shim-wasm
 # The unit runs /usr/bin/criserver (the package's path): with another PREFIX its
 # ExecStart is rewritten to the installed binary. UNITDIR is systemd's admin unit dir.
 	install -d $(DESTDIR)$(UNITDIR)
@@ -73,7 +75,7 @@ install: build
 	[ -e $(DESTDIR)/etc/crisp/config.toml ] || \
 		install -D -m 0644 packaging/deb/config.toml $(DESTDIR)/etc/crisp/config.toml
 
-# deb builds $(DEBDIR)/crisp_<version>_<arch>.deb (hack/deb.sh): both binaries, the
+# deb builds $(DEBDIR)/crisp_<version>_<arch>.deb (hack/deb.sh): criserver, shim-runc and shim-wasm, the
 # containerd-shim-crisp-v1 link, the systemd unit, /etc/crisp/config.toml as a
 # conffile, the copyright file and the man pages (made with go-md2man from docs/man);
 # depends on containernetworking-plugins, iptables and libseccomp2.

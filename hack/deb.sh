@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # deb.sh BINDIR VERSION OUTDIR: build crisp_<version>_<arch>.deb from the binaries
-# `make build` left in BINDIR, with dpkg-deb (no debhelper: the package is two static
-# files, a unit, a config, docs and man pages; packaging/deb holds its control
+# `make build` left in BINDIR, with dpkg-deb (no debhelper: the package is three
+# binaries, a unit, a config, docs and man pages; packaging/deb holds its control
 # files and copyright). The man pages are made from docs/man/*.md with go-md2man
 # (Debian's package of that name). Prints the path.
 set -euo pipefail
@@ -30,6 +30,8 @@ install -D -m 0755 "$bindir/criserver" "$stage/usr/bin/criserver"
 install -D -m 0755 "$bindir/shim-runc" "$stage/usr/bin/shim-runc"
 # containerd 2.x finds runtime_type io.containerd.crisp.v1 under this name on its PATH.
 ln -s shim-runc "$stage/usr/bin/containerd-shim-crisp-v1"
+# The WebAssembly sandboxer: the config's runtime handler "wasm".
+install -D -m 0755 "$bindir/shim-wasm" "$stage/usr/bin/shim-wasm"
 # Debian 12 packages ship units in /lib/systemd/system (merged /usr or not).
 install -D -m 0644 contrib/systemd/crisp.service "$stage/lib/systemd/system/crisp.service"
 install -D -m 0644 "$src/config.toml" "$stage/etc/crisp/config.toml"
@@ -43,7 +45,7 @@ install -D -m 0644 README.md "$stage/usr/share/doc/crisp/README.md"
 install -D -m 0644 "$src/copyright" "$stage/usr/share/doc/crisp/copyright"
 # Man pages, compressed as policy 12.1 asks: gzip -9n (no name or time stamp, so the
 # same source gives the same bytes).
-for page in criserver.8 shim-runc.8 crisp-config.toml.5; do
+for page in criserver.8 shim-runc.8 shim-wasm.8 crisp-config.toml.5; do
 	dir="$stage/usr/share/man/man${page##*.}"
 	install -d -m 0755 "$dir"
 	go-md2man -in "docs/man/$page.md" -out "$dir/$page"

@@ -4,7 +4,7 @@
 # with dpkg -i, sets the cgroup driver, restarts crisp, waits for its socket and runs
 # the node tests from /root/node:
 #   CRISP_NODE=1 CRISP_NODE_DRIVER=<driver> CRISP_NODE_DEB=/root/node/new/crisp_<v>.deb \
-#   CRISP_NODE_OLD_DEB=/root/node/old/crisp_<v>.deb ./node.test -test.v -test.timeout <t> \
+#   CRISP_E2E_WASM_MODULE=/root/node/hello.wasm CRISP_NODE_OLD_DEB=/root/node/old/crisp_<v>.deb ./node.test -test.v -test.timeout <t> \
 #   -test.run <NODE_RUN>
 # Its output is the runner's out/run.log; out/suite_s gets the suite's time, and a failure
 # leaves out/journal-crisp.log, out/dmesg.log and out/failed-units.log. Under SELinux
@@ -42,7 +42,7 @@ cp "deb/$NODE_DEB" "$node/new/"
 cp "old/$NODE_OLD_DEB" "$node/old/"
 if [ -d testdata ]; then cp -r testdata "$node/"; fi
 # TestNodeCritest's critest and images (test-node.sh's prepare).
-for f in critest critest-images; do if [ -e "$f" ]; then cp -r "$f" "$node/"; fi; done
+for f in critest critest-images hello.wasm; do if [ -e "$f" ]; then cp -r "$f" "$node/"; fi; done
 
 # A discovery aid for policy work (test-node.sh): the domains in NODE_SELINUX_PERMISSIVE
 # only log their denials, and dontaudit rules are off.
@@ -73,6 +73,7 @@ if [ -n "$NODE_RUN" ]; then args+=(-test.run "$NODE_RUN"); fi
 step "./node.test ${args[*]}"
 t0=$(date +%s%N)
 CRISP_NODE=1 CRISP_NODE_DRIVER=$NODE_DRIVER CRISP_NODE_DEB=$node/new/$NODE_DEB \
+	CRISP_E2E_WASM_MODULE=$node/hello.wasm \
 	CRISP_NODE_OLD_DEB=$node/old/$NODE_OLD_DEB \
 	./node.test "${args[@]}"
 rc=$?

@@ -9,7 +9,8 @@
 # NODEVM_FLAVOUR) and each of its cgroup drivers (apparmor: NODE_DRIVERS, "systemd
 # cgroupfs"; selinux: systemd, the driver of the nodes that enforce SELinux) it boots a
 # fresh guest (hack/nodevm.sh run) on the share NODE_DIR/run-<flavour>-<driver>/: node.test, node.env,
-# deb/<the package>, old/<the old package>, run.sh = nodevm/node-run.sh, and testdata/
+# deb/<the package>, old/<the old package>, run.sh = nodevm/node-run.sh, hello.wasm (the
+# wasm tests' module, built here for wasip1: the guest has no compiler), and testdata/
 # when NODE_PKG has one. Inside, /mnt/host is that share; node-run.sh copies the files
 # to /root/node and runs node.test there (see it for the environment). Each guest gets
 # NODE_TEST_TIMEOUT (25m) for the suite and 5 minutes more for its boot and the install
@@ -88,6 +89,9 @@ prepare() { # prepare RUN: the share of that run's guest (RUN: <flavour>-<driver
 	cp "$old_deb" "$s/old/"
 	cp "$hack/nodevm/node-run.sh" "$s/run.sh"
 	if [ -d "$repo/$pkg/testdata" ]; then cp -r "$repo/$pkg/testdata" "$s/"; fi
+	# TestNodeWasm's module (node-run.sh hands it over as CRISP_E2E_WASM_MODULE).
+	(cd "$repo" && GOOS=wasip1 GOARCH=wasm CGO_ENABLED=0 GOFLAGS= "${GO:-go}" build -trimpath \
+		-o "$s/hello.wasm" ./test/e2e/testdata/wasm/hello) || die "build the wasm tests' module"
 	# TestNodeCritest: critest, and its images built here (the guest has no compiler).
 	"$hack/critest.sh" && cp "${CRITEST_CACHE:-/var/cache/crisp/critest-v1.36.0}/bin/critest" "$s/"
 	CRISP_CRITEST_IMAGES_EXPORT=$s/critest-images "$dir/node.test" -test.run '^TestCritestImagesExport$' \

@@ -40,6 +40,12 @@ func TestNodeMan(t *testing.T) {
 				"SYNOPSIS", "shim-runc -id ID -bundle DIR delete", "criserver(8)"},
 		},
 		{
+			args: "shim-wasm",
+			file: "/usr/share/man/man8/shim-wasm.8.gz",
+			want: []string{"SHIM-WASM(8)", "NAME", "shim-wasm - crisp's per-pod shim for WebAssembly pods",
+				"SYNOPSIS", "shim-wasm -id ID -bundle DIR delete", "shim-runc(8)"},
+		},
+		{
 			args: "5 crisp-config.toml",
 			file: "/usr/share/man/man5/crisp-config.toml.5.gz",
 			want: []string{"CRISP-CONFIG.TOML(5)", "NAME", "crisp-config.toml - configuration file of criserver",

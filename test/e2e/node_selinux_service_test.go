@@ -26,13 +26,14 @@ var crispFileTypes = []struct{ path, typ string }{
 	{"/etc/crisp", "container_config_t"},
 	{"/etc/crisp/config.toml", "container_config_t"},
 	{"/usr/bin/shim-runc", "container_engine_exec_t"},
+	{"/usr/bin/shim-wasm", "container_engine_exec_t"},
 	{"/lib/systemd/system/crisp.service", "container_engine_unit_t"},
 }
 
 // crispExes are crisp's binaries as the audit log names the processes running them,
 // and the shim's domain, which also names a container's init before it runs the
 // container's program (its exe is then the shim's copy).
-var crispExes = []string{`exe="/usr/bin/criserver"`, `exe="/usr/bin/shim-runc"`, "scontext=system_u:system_r:" + selinuxShimDomain + ":"}
+var crispExes = []string{`exe="/usr/bin/criserver"`, `exe="/usr/bin/shim-runc"`, `exe="/usr/bin/shim-wasm"`, "scontext=system_u:system_r:" + selinuxShimDomain + ":"}
 
 // TestNodeSELinuxService: in the SELinux node VM (enforcing, the reference policy with
 // its container module), with enable_selinux off, the package's policy module is

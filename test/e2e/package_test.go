@@ -28,6 +28,7 @@ var packageFiles = []string{
 	"/usr/bin/criserver",
 	"/usr/bin/shim-runc",
 	"/usr/bin/containerd-shim-crisp-v1",
+	"/usr/bin/shim-wasm",
 	"/lib/systemd/system/crisp.service",
 	"/usr/share/doc/crisp/README.md",
 	"/usr/share/doc/crisp/copyright",
@@ -35,6 +36,7 @@ var packageFiles = []string{
 	"/usr/share/man/man8/criserver.8.gz",
 	"/usr/share/man/man8/shim-runc.8.gz",
 	"/usr/share/man/man8/containerd-shim-crisp-v1.8.gz",
+	"/usr/share/man/man8/shim-wasm.8.gz",
 	"/usr/share/man/man5/crisp-config.toml.5.gz",
 	"/usr/share/crisp/selinux/crisp.cil",
 	"/usr/lib/tmpfiles.d/crisp.conf",
@@ -195,6 +197,9 @@ func serveInstalled(t *testing.T) {
 	if cfg.Runtimes["runc"].Shim != "shim-runc" || !containsAll(strings.Join(cfg.CNI.BinDirs, ":"), "/usr/lib/cni") {
 		t.Errorf("installed config: shim %q, CNI bin dirs %v", cfg.Runtimes["runc"].Shim, cfg.CNI.BinDirs)
 	}
+	if w, ok := cfg.Runtimes["wasm"]; !ok || w.Shim != "shim-wasm" || w.WarmSpare {
+		t.Errorf("installed config: runtime wasm %+v (configured: %v), want shim-wasm without a warm spare", w, ok)
+	}
 	cfg.Socket, cfg.RootDir, cfg.StateDir = e.socket, e.root, e.state
 	cfg.CNI.ConfDir, cfg.CNI.DefaultBridge, cfg.CNI.DefaultSubnet = filepath.Join(e.dir, "net.d"), e.bridge, e.subnet
 	data, err := cfg.Marshal()
@@ -209,6 +214,9 @@ func serveInstalled(t *testing.T) {
 	check, _ := exec.Command("/usr/bin/criserver", "--config", e.cfgPath, "check").Output()
 	if !hasCheckLine(string(check), "ok", "runtime.runc.shim", "/usr/bin/shim-runc") {
 		t.Errorf("criserver check does not find the installed shim:\n%s", check)
+	}
+	if !hasCheckLine(string(check), "ok", "runtime.wasm.shim", "/usr/bin/shim-wasm") {
+		t.Errorf("criserver check does not find the installed shim-wasm:\n%s", check)
 	}
 
 	logf, err := os.OpenFile(e.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
@@ -248,6 +256,18 @@ func serveInstalled(t *testing.T) {
 	}
 	if _, err := e.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
 		t.Errorf("RemovePodSandbox: %v", err)
+	}
+	// The wasm handler of the installed config runs the installed shim-wasm.
+	resp, err := e.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: e.podConfig("pkg-wasm"), RuntimeHandler: wasmHandler})
+	if err != nil {
+		t.Fatalf("RunPodSandbox on %s: %v\n%s", wasmHandler, err, e.log())
+	}
+	_, info = e.status(ctx, resp.PodSandboxId)
+	if exe, err := os.Readlink("/proc/" + strconv.Itoa(info.ShimPid) + "/exe"); err != nil || exe != "/usr/bin/shim-wasm" {
+		t.Errorf("the wasm pod's shim runs %q (%v), want /usr/bin/shim-wasm", exe, err)
+	}
+	if err := stopRemovePod(ctx, e.rt, resp.PodSandboxId); err != nil {
+		t.Error(err)
 	}
 	e.stop()
 }

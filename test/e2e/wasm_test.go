@@ -54,10 +54,16 @@ var wasmBuild struct {
 
 // wasmModule returns testdata/wasm/hello built for wasip1 (once per test binary, in a
 // temporary directory removed right after). The test skips, saying why, when the go
-// command cannot build for wasip1 at all; any other failed build fails it.
+// command cannot build for wasip1 at all; any other failed build fails it. Where
+// CRISP_E2E_WASM_MODULE names a file, that is the module, built beforehand: the node
+// VM has no go command (hack/nodevm/test-node.sh builds it on the host).
 func wasmModule(t *testing.T) []byte {
 	t.Helper()
 	wasmBuild.once.Do(func() {
+		if p := os.Getenv("CRISP_E2E_WASM_MODULE"); p != "" {
+			wasmBuild.module, wasmBuild.err = os.ReadFile(p)
+			return
+		}
 		// go test puts the go command that runs it first in PATH.
 		goBin, err := exec.LookPath("go")
 		if err != nil {
@@ -254,7 +260,12 @@ func (e *env) assertContainersGone(t *testing.T, ids []string, pids map[int]stri
 // shims, pause processes, `_run` containers) as pid → command line, without the warm
 // spare shims criserver keeps.
 func (e *env) wasmProcs() map[int]string {
-	bin := filepath.Join(binDir, "shim-wasm")
+	return e.wasmProcsOf(filepath.Join(binDir, "shim-wasm"))
+}
+
+// wasmProcsOf lists the live processes of the shim-wasm binary bin, warm spares left
+// out, with their command lines.
+func (e *env) wasmProcsOf(bin string) map[int]string {
 	spares := map[int]bool{}
 	for _, s := range e.warmSpares() {
 		spares[spareShimPid(s)] = true
@@ -278,8 +289,14 @@ func (e *env) wasmProcs() map[int]string {
 // wasmRuns lists the `shim-wasm _run BUNDLE` processes (the containers) of the
 // containers ids, of every container when none is given.
 func (e *env) wasmRuns(ids ...string) map[int]string {
+	return wasmRunsIn(e.wasmProcs(), ids...)
+}
+
+// wasmRunsIn keeps the `_run` processes of procs (wasmProcsOf) of the containers ids,
+// of every container when none is given.
+func wasmRunsIn(procs map[int]string, ids ...string) map[int]string {
 	out := map[int]string{}
-	for pid, cmd := range e.wasmProcs() {
+	for pid, cmd := range procs {
 		f := strings.Fields(cmd)
 		if len(f) < 2 || f[1] != "_run" {
 			continue
