@@ -99,7 +99,6 @@ func (p *Plan) Run(ctx context.Context, stdin io.Reader, stdout, stderr io.Write
 	// Loading the compiled code (from the cache: the file read whole, then copied to
 	// executable memory) left that much garbage on the heap, which the runtime would
 	// keep for minutes: returned now, it is 5 MiB less for every running module.
-	bin = nil
 	debug.FreeOSMemory()
 	// The allocator cannot refuse a memory's initial size (wazero requires it to
 	// succeed): a module whose memory starts above the limit is refused here. Every
