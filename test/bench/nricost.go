@@ -113,12 +113,8 @@ func WriteNRITable(w io.Writer, res Results) error {
 		}
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	writeCycleRows(tw, res, "nri_", rows)
-	fmt.Fprint(tw, "noise: disabled, even vs odd rounds\t")
-	for _, f := range cycleFigures {
-		fmt.Fprintf(tw, "\t±%s\t\t", num(res, "nri_noise_"+f.Key, "ms"))
-	}
-	fmt.Fprintln(tw)
+	writeCycleRows(tw, res, "nri_", rows, cycleCols())
+	writeNoiseRow(tw, res, "disabled", "nri_noise_", cycleCols())
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -132,17 +128,30 @@ func WriteNRITable(w io.Writer, res Results) error {
 // <prefix><Key>_<figure>, its differences against those of variant Ref ("" for none).
 type cycleRow struct{ Key, Name, Ref string }
 
+// figureCol is a column of a comparison table: the figure's key and its name.
+type figureCol struct{ Key, Name string }
+
+// cycleCols are the columns of cycleFigures.
+func cycleCols() []figureCol {
+	out := make([]figureCol, len(cycleFigures))
+	for i, f := range cycleFigures {
+		out[i] = figureCol{f.Key, f.Name}
+	}
+	return out
+}
+
 // writeCycleRows writes the header and a row per variant of a comparison of pod
-// cycles: each figure, its difference from the reference's and its interval.
-func writeCycleRows(tw io.Writer, res Results, prefix string, rows []cycleRow) {
+// cycles: each figure of cols (in ms), its difference from the reference's and its
+// interval.
+func writeCycleRows(tw io.Writer, res Results, prefix string, rows []cycleRow, cols []figureCol) {
 	fmt.Fprint(tw, "\t")
-	for _, f := range cycleFigures {
+	for _, f := range cols {
 		fmt.Fprintf(tw, "%s\tΔ\t95%% interval\t", f.Name)
 	}
 	fmt.Fprintln(tw)
 	for _, r := range rows {
 		fmt.Fprintf(tw, "%s\t", r.Name)
-		for _, f := range cycleFigures {
+		for _, f := range cols {
 			key := prefix + r.Key + "_" + f.Key
 			delta, interval := "-", "-"
 			if r.Ref != "" {
@@ -153,6 +162,16 @@ func writeCycleRows(tw io.Writer, res Results, prefix string, rows []cycleRow) {
 		}
 		fmt.Fprintln(tw)
 	}
+}
+
+// writeNoiseRow writes a row of the noise (even against odd rounds) of the figures
+// of cols, keyed <key><figure>, under writeCycleRows' Δ columns.
+func writeNoiseRow(tw io.Writer, res Results, label, key string, cols []figureCol) {
+	fmt.Fprintf(tw, "noise: %s, even vs odd rounds\t", label)
+	for _, f := range cols {
+		fmt.Fprintf(tw, "\t±%s\t\t", num(res, key+f.Key, "ms"))
+	}
+	fmt.Fprintln(tw)
 }
 
 // signed is a difference with its sign, as num writes numbers.

@@ -204,7 +204,8 @@ func TracingMemDeltas(res Results, keys []string, shims map[string][]Mem) error 
 	return nil
 }
 
-func pick(ms []Mem, of func(Mem) float64) []float64 {
+// pick is one figure of each of ms.
+func pick[T any](ms []T, of func(T) float64) []float64 {
 	out := make([]float64, len(ms))
 	for i, m := range ms {
 		out[i] = of(m)
@@ -336,16 +337,12 @@ func WriteTracingTable(w io.Writer, res Results) error {
 		rows[i] = cycleRow(v)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	writeCycleRows(tw, res, "tracing_", rows)
+	writeCycleRows(tw, res, "tracing_", rows, cycleCols())
 	for _, v := range vs {
 		if _, ok := res["tracing_noise_"+v.Key+"_cycle_p50"]; !ok {
 			continue
 		}
-		fmt.Fprintf(tw, "noise: %s, even vs odd rounds\t", v.Key)
-		for _, f := range cycleFigures {
-			fmt.Fprintf(tw, "\t±%s\t\t", num(res, "tracing_noise_"+v.Key+"_"+f.Key, "ms"))
-		}
-		fmt.Fprintln(tw)
+		writeNoiseRow(tw, res, v.Key, "tracing_noise_"+v.Key+"_", cycleCols())
 	}
 	if err := tw.Flush(); err != nil {
 		return err

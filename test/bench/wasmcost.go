@@ -161,7 +161,7 @@ func WasmMem(res Results, pods map[string][]WasmPodMem) error {
 		}
 		res["wasm_"+h.Key+"_mem_pods"] = float64(len(ms))
 		for _, f := range append(slices.Clone(wasmMemFigures), wasmKindFigures...) {
-			vs := wasmPick(ms, f.Of)
+			vs := pick(ms, f.Of)
 			sum := 0.0
 			for _, v := range vs {
 				sum += v
@@ -169,19 +169,11 @@ func WasmMem(res Results, pods map[string][]WasmPodMem) error {
 			p := "wasm_" + h.Key + "_" + f.Key
 			res[p] = sum / float64(len(vs))
 			if i > 0 {
-				res[p+"_lo"], res[p+"_hi"] = meanDeltaCI(wasmPick(pods[ref], f.Of), vs, rng)
+				res[p+"_lo"], res[p+"_hi"] = meanDeltaCI(pick(pods[ref], f.Of), vs, rng)
 			}
 		}
 	}
 	return nil
-}
-
-func wasmPick(ms []WasmPodMem, of func(WasmPodMem) float64) []float64 {
-	out := make([]float64, len(ms))
-	for i, m := range ms {
-		out[i] = of(m)
-	}
-	return out
 }
 
 // WriteWasmTable prints the WebAssembly comparison WasmResults and WasmMem stored in
@@ -193,31 +185,21 @@ func WriteWasmTable(w io.Writer, res Results) error {
 	}
 	ref := WasmHandlers[0].Key
 	fmt.Fprintf(w, "WebAssembly pods against runc pods: one crisp, %.0f pod cycles each, interleaved (ms; Δ of wasm against runc, with its 95 %% bootstrap interval; running: until the container's first output, the module running)\n", n)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprint(tw, "\t")
-	for _, f := range wasmFigures {
-		fmt.Fprintf(tw, "%s\tΔ\t95%% interval\t", f.Name)
+	cols := make([]figureCol, len(wasmFigures))
+	for i, f := range wasmFigures {
+		cols[i] = figureCol{f.Key, f.Name}
 	}
-	fmt.Fprintln(tw)
+	rows := make([]cycleRow, len(WasmHandlers))
 	for i, h := range WasmHandlers {
-		fmt.Fprintf(tw, "%s\t", h.Name)
-		for _, f := range wasmFigures {
-			key := "wasm_" + h.Key + "_" + f.Key
-			delta, interval := "-", "-"
-			if i > 0 {
-				delta = signed(res[key] - res["wasm_"+ref+"_"+f.Key])
-				interval = signed(res[key+"_lo"]) + ".." + signed(res[key+"_hi"])
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t", num(res, key, "ms"), delta, interval)
+		rows[i] = cycleRow{Key: h.Key, Name: h.Name}
+		if i > 0 {
+			rows[i].Ref = ref
 		}
-		fmt.Fprintln(tw)
 	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	writeCycleRows(tw, res, "wasm_", rows, cols)
 	for _, h := range WasmHandlers {
-		fmt.Fprintf(tw, "noise: %s, even vs odd rounds\t", h.Key)
-		for _, f := range wasmFigures {
-			fmt.Fprintf(tw, "\t±%s\t\t", num(res, "wasm_noise_"+h.Key+"_"+f.Key, "ms"))
-		}
-		fmt.Fprintln(tw)
+		writeNoiseRow(tw, res, h.Key, "wasm_noise_"+h.Key+"_", cols)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
