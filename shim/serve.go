@@ -1,12 +1,10 @@
 package shim
 
 import (
-	"context"
-	"log/slog"
 	"path/filepath"
 
+	"github.com/crisp-runtime/crisp/internal/version"
 	"github.com/crisp-runtime/crisp/pkg/shimkit"
-	"github.com/crisp-runtime/crisp/pkg/shimkit/bootstrap"
 	"github.com/crisp-runtime/crisp/pkg/shimkit/pause"
 	"github.com/crisp-runtime/crisp/pkg/shimkit/pod"
 	"github.com/crisp-runtime/crisp/pkg/shimkit/reaper"
@@ -20,14 +18,26 @@ const TaskStateDir = "libcontainer"
 // namespace forks (pause.Config.JoinUserNS).
 var _ pause.Adopter = (*reaper.Reaper)(nil)
 
-// Serve runs crisp's shim on the kit (shimkit.Serve): the kit's standard pod (pause
-// process, pod cgroup), its containers with libcontainer (shim/runc).
-func Serve(ctx context.Context, f bootstrap.Flags, log *slog.Logger) error {
-	return shimkit.Serve(ctx, f, log, func(env shimkit.Env) (*shimkit.Services, error) {
-		runner, err := runc.New(runc.Config{StateRoot: filepath.Join(env.Bundle, TaskStateDir), Logger: env.Log, Reaper: env.Reaper})
-		if err != nil {
-			return nil, err
-		}
-		return pod.Services(env, RuntimeName, runner), nil
-	})
+// Binary is crisp's shim-runc for shimkit.Main: the kit's standard pod (pause
+// process, pod cgroup) with its containers run by libcontainer (shim/runc).
+func Binary() shimkit.Binary {
+	return shimkit.Binary{
+		Name:         "shim-runc",
+		Product:      version.Name,
+		Version:      version.Version,
+		RuntimeName:  RuntimeName,
+		Features:     Features(),
+		StartOptions: StartOptions(),
+		Delete:       Delete,
+		Build:        build,
+	}
+}
+
+// build makes the serving shim's services.
+func build(env shimkit.Env) (*shimkit.Services, error) {
+	runner, err := runc.New(runc.Config{StateRoot: filepath.Join(env.Bundle, TaskStateDir), Logger: env.Log, Reaper: env.Reaper})
+	if err != nil {
+		return nil, err
+	}
+	return pod.Services(env, RuntimeName, runner), nil
 }

@@ -1,30 +1,13 @@
 package shim
 
 import (
-	"io"
 	"strings"
 
-	"github.com/crisp-runtime/crisp/internal/version"
 	"github.com/crisp-runtime/crisp/pkg/shimkit/bootstrap"
 )
 
 // RuntimeName is what -info reports as the runtime's name.
 const RuntimeName = "crisp-shim-runc"
-
-// Info prints the protobuf RuntimeInfo that containerd asks for with -info, with the
-// shim's OCI features (Features).
-func Info(stdin io.Reader, stdout io.Writer) error {
-	feat, err := bootstrap.FeaturesAny(Features())
-	if err != nil {
-		return err
-	}
-	return bootstrap.WriteInfo(stdin, stdout, RuntimeName, version.Version, feat)
-}
-
-// WriteVersion prints the human-readable version (-v, -version, --version).
-func WriteVersion(w io.Writer) error {
-	return bootstrap.WriteVersion(w, version.Name, version.Version)
-}
 
 // StartOptions are what crisp's shim adds to the kit's `start`: its serving
 // environment (Environ).

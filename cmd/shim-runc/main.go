@@ -2,17 +2,12 @@
 package main
 
 import (
-	"context"
-	"errors"
-	"fmt"
-	"io"
 	"log/slog"
 	"os"
 
-	clog "github.com/containerd/log"
 	"github.com/opencontainers/runc/libcontainer"
 
-	"github.com/crisp-runtime/crisp/pkg/shimkit/bootstrap"
+	"github.com/crisp-runtime/crisp/pkg/shimkit"
 	"github.com/crisp-runtime/crisp/shim"
 	"github.com/crisp-runtime/crisp/shim/runc"
 
@@ -36,41 +31,7 @@ func main() {
 func run(args []string) int {
 	if len(args) > 0 && args[0] == runc.HelperArg {
 		// A short-lived task helper the shim runs for one container operation.
-		return runc.RunHelper(args[1:], os.Stdin, os.Stdout, logger(os.Stderr, false, slog.LevelWarn))
+		return runc.RunHelper(args[1:], os.Stdin, os.Stdout, shimkit.Logger(os.Stderr, false, slog.LevelWarn))
 	}
-	a, err := bootstrap.ParseArgs("shim-runc", args, os.Stderr)
-	if errors.Is(err, bootstrap.ErrUsage) {
-		return 2
-	}
-	ctx := context.Background()
-	switch {
-	case err != nil:
-	case a.Version:
-		err = shim.WriteVersion(os.Stdout)
-	case a.Info:
-		err = shim.Info(os.Stdin, os.Stdout)
-	case a.Action == "start":
-		// Silent on success: containerd reads stdout and stderr together as the result.
-		err = bootstrap.Start(ctx, a.Flags, os.Stdin, os.Stdout, shim.StartOptions())
-	case a.Action == "delete":
-		err = shim.Delete(ctx, a.Flags, os.Stdout, logger(os.Stderr, a.Debug, slog.LevelWarn))
-	default:
-		log := logger(os.Stderr, a.Debug, slog.LevelInfo)
-		slog.SetDefault(log)
-		// ttrpc logs through containerd/log; keep shim.log one JSON stream.
-		_ = clog.SetFormat(clog.JSONFormat)
-		err = shim.Serve(ctx, a.Flags, log)
-	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "shim-runc: %v\n", err)
-		return 1
-	}
-	return 0
-}
-
-func logger(w io.Writer, debug bool, level slog.Level) *slog.Logger {
-	if debug {
-		level = slog.LevelDebug
-	}
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
+	return shimkit.Main(args, shim.Binary())
 }

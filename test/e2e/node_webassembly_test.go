@@ -1,3 +1,5 @@
+// The file is not node_wasm_test.go: a _wasm suffix makes Go build it for GOARCH=wasm only.
+
 package e2e
 
 import (
@@ -9,7 +11,7 @@ import (
 	"github.com/opencontainers/selinux/go-selinux"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/crisp-runtime/crisp/internal/imagetest"
+	"github.com/crisp-runtime/crisp/internal/image/imagetest"
 )
 
 // TestNodeWasm runs WebAssembly pods on the installed package's own "wasm" handler
