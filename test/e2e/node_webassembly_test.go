@@ -10,8 +10,6 @@ import (
 
 	"github.com/opencontainers/selinux/go-selinux"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
-
-	"github.com/crisp-runtime/crisp/internal/image/imagetest"
 )
 
 // TestNodeWasm runs WebAssembly pods on the installed package's own "wasm" handler
@@ -27,15 +25,7 @@ func TestNodeWasm(t *testing.T) {
 	// The first container compiles the module: a minute or more in the TCG guest.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	host := imagetest.StartRegistry(t)
-	imagetest.Push(t, host, "hello-wasm:compat", wasmCompatImage(t, module))
-	pushWasmArtifact(t, host, "hello-wasm:artifact", module)
-	compat, artifact := host+"/hello-wasm:compat", host+"/hello-wasm:artifact"
-	for _, ref := range []string{compat, artifact} {
-		if _, err := e.img.PullImage(ctx, &cri.PullImageRequest{Image: &cri.ImageSpec{Image: ref}}); err != nil {
-			t.Fatalf("PullImage %s: %v", ref, err)
-		}
-	}
+	compat, artifact := e.pullWasmImages(ctx, t, module)
 
 	kp := e.kubeletPod("wasm", nil)
 	resp, err := e.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: kp.cfg, RuntimeHandler: wasmHandler})

@@ -168,6 +168,22 @@ func pushWasmArtifact(t *testing.T, host, ref string, module []byte) {
 	}
 }
 
+// pullWasmImages serves module from a registry of the test's as both image forms
+// (wasmCompatImage, the CNCF artifact), pulls them, and returns their references.
+func (e *env) pullWasmImages(ctx context.Context, t *testing.T, module []byte) (compat, artifact string) {
+	t.Helper()
+	host := imagetest.StartRegistry(t)
+	imagetest.Push(t, host, "hello-wasm:compat", wasmCompatImage(t, module))
+	pushWasmArtifact(t, host, "hello-wasm:artifact", module)
+	compat, artifact = host+"/hello-wasm:compat", host+"/hello-wasm:artifact"
+	for _, ref := range []string{compat, artifact} {
+		if _, err := e.img.PullImage(ctx, &cri.PullImageRequest{Image: &cri.ImageSpec{Image: ref}}); err != nil {
+			t.Fatalf("PullImage %s: %v", ref, err)
+		}
+	}
+	return compat, artifact
+}
+
 // wasmCtr is a container of image whose process is the image's entrypoint (the module)
 // with args, and env (KEY, VALUE pairs).
 func wasmCtr(ctrName, image string, env []string, args ...string) *cri.ContainerConfig {
@@ -366,15 +382,7 @@ func TestE2EWasm(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
-	host := imagetest.StartRegistry(t)
-	imagetest.Push(t, host, "hello-wasm:compat", wasmCompatImage(t, module))
-	pushWasmArtifact(t, host, "hello-wasm:artifact", module)
-	compat, artifact := host+"/hello-wasm:compat", host+"/hello-wasm:artifact"
-	for _, ref := range []string{compat, artifact} {
-		if _, err := e.img.PullImage(ctx, &cri.PullImageRequest{Image: &cri.ImageSpec{Image: ref}}); err != nil {
-			t.Fatalf("PullImage %s: %v", ref, err)
-		}
-	}
+	compat, artifact := e.pullWasmImages(ctx, t, module)
 	_, subnet, err := net.ParseCIDR(e.subnet)
 	if err != nil {
 		t.Fatal(err)
