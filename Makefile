@@ -75,10 +75,11 @@ install: build
 	[ -e $(DESTDIR)/etc/crisp/config.toml ] || \
 		install -D -m 0644 packaging/deb/config.toml $(DESTDIR)/etc/crisp/config.toml
 
-# deb builds $(DEBDIR)/crisp_<version>_<arch>.deb (hack/deb.sh): criserver, shim-runc and shim-wasm, the
-# containerd-shim-crisp-v1 link, the systemd unit, /etc/crisp/config.toml as a
-# conffile, the copyright file and the man pages (made with go-md2man from docs/man);
-# depends on containernetworking-plugins, iptables and libseccomp2.
+# deb builds $(DEBDIR)/crisp_<version>_<arch>.deb (hack/deb.sh): criserver, shim-runc
+# and shim-wasm, the containerd-shim-crisp-v1 link, the systemd unit,
+# /etc/crisp/config.toml as a conffile, the copyright file and the man pages (made with
+# go-md2man from docs/man); depends on containernetworking-plugins, iptables and
+# libseccomp2.
 DEBDIR   ?= $(BINDIR)
 DEB_DEPS := go-md2man
 deb: build
