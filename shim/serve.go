@@ -26,7 +26,7 @@ func Binary() shimkit.Binary {
 		Product:      version.Name,
 		Version:      version.Version,
 		RuntimeName:  RuntimeName,
-		Features:     Features(),
+		Features:     Features,
 		StartOptions: StartOptions(),
 		Delete:       Delete,
 		Build:        build,

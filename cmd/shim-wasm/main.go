@@ -42,7 +42,7 @@ func run(args []string) int {
 		Product:      version.Name,
 		Version:      version.Version,
 		RuntimeName:  runtimeName,
-		Features:     wasm.Features(),
+		Features:     wasm.Features,
 		StartOptions: bootstrap.StartOptions{Environ: environ},
 		Delete:       deleteDead,
 		Build:        services,

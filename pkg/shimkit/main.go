@@ -23,9 +23,10 @@ type Binary struct {
 	Product, Version string
 	// RuntimeName is -info's runtime name ("crisp-shim-wasm").
 	RuntimeName string
-	// Features is -info's OCI runtime features document; nil prints none, and a
-	// runtime then assumes what the node offers.
-	Features *features.Features
+	// Features makes -info's OCI runtime features document, only for -info (probing
+	// what the binary can run may cost syscalls no other mode should pay); nil, or a
+	// nil document, prints none, and a runtime then assumes what the node offers.
+	Features func() *features.Features
 	// StartOptions adjust `start` (the serving shim's environment).
 	StartOptions bootstrap.StartOptions
 	// Delete is `delete` after a dead shim: clean up what it left, remove its socket
@@ -73,10 +74,14 @@ func Main(args []string, b Binary) int {
 
 // writeInfo prints -info's RuntimeInfo with b's features document.
 func writeInfo(b Binary) error {
-	if b.Features == nil {
+	var doc *features.Features
+	if b.Features != nil {
+		doc = b.Features()
+	}
+	if doc == nil {
 		return bootstrap.WriteInfo(os.Stdin, os.Stdout, b.RuntimeName, b.Version, nil)
 	}
-	feat, err := bootstrap.FeaturesAny(b.Features)
+	feat, err := bootstrap.FeaturesAny(doc)
 	if err != nil {
 		return err
 	}
